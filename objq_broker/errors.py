@@ -1,0 +1,82 @@
+"""The one exception tree of objq.
+
+Every error objq raises derives from :class:`ObjqError`. Storage adapters translate their SDK's
+errors into the storage branch in exactly one place each; the queue model raises the queue branch.
+Messages say what was expected, what was found, and where (backend, bucket or directory, key,
+queue, job id).
+"""
+
+from __future__ import annotations
+
+
+class ObjqError(Exception):
+    """Root of every error raised by objq."""
+
+
+class ConfigurationError(ObjqError, ValueError):
+    """A URL, option or setting is invalid; the message lists what is accepted."""
+
+
+# --- storage ---------------------------------------------------------------------------------
+
+
+class StorageError(ObjqError):
+    """An object-storage operation failed."""
+
+
+class PreconditionFailed(StorageError):
+    """A conditional write lost: the object changed, or exists when it was to be created."""
+
+
+class ObjectNotFound(StorageError, LookupError):
+    """The object does not exist."""
+
+
+class BucketNotFound(StorageError, LookupError):
+    """The bucket (or root directory) does not exist."""
+
+
+class AccessDenied(StorageError, PermissionError):
+    """The storage refused the credentials for this operation."""
+
+
+class StorageUnavailable(StorageError, ConnectionError):
+    """The storage could not be reached or failed transiently; the operation may be retried."""
+
+
+class InvalidKey(StorageError, ValueError):
+    """An object key is malformed or would escape the store's root."""
+
+
+# --- state -----------------------------------------------------------------------------------
+
+
+class StateCorrupt(ObjqError):
+    """A state object could not be decoded or has an unknown format; it is never overwritten."""
+
+
+class WriterFenced(ObjqError):
+    """Another writer with a newer epoch took over this namespace; this one must stop."""
+
+
+# --- queue -----------------------------------------------------------------------------------
+
+
+class QueueError(ObjqError):
+    """A queue operation was refused."""
+
+
+class QueueNotFound(QueueError, LookupError):
+    """The queue has not been declared."""
+
+
+class JobNotFound(QueueError, LookupError):
+    """No job with this id exists in the place it was looked for."""
+
+
+class LeaseLost(QueueError):
+    """The delivery's lease expired or was replaced: this holder may no longer ack or nack it."""
+
+
+class QueueClosed(ObjqError):
+    """The queue (or its engine) was closed; no more operations are accepted."""

@@ -1,0 +1,122 @@
+"""The storage port: a compare-and-set contract over one flat key space.
+
+Every backend (memory, a local directory, S3, GCS) implements :class:`ObjectStore`:
+
+``read(key) -> Blob | None``
+    The object's bytes and its version, both taken from the same response, or ``None`` when
+    the object does not exist.
+``write(key, data, *, if_version=None, if_absent=False) -> version``
+    The compare-and-set primitive, in obstore's vocabulary of put modes: *create*
+    (``if_absent=True``: only if no object exists), *update* (``if_version=V``: only if the
+    current version is ``V``) or *overwrite* (neither). A failed condition raises
+    :class:`~objq_broker.errors.PreconditionFailed`, whatever the backend answered. Of several
+    writers racing from the same version, exactly one wins.
+``put / get / delete / list``
+    Plain operations for immutable objects (archive segments, staged payloads).
+
+Keys are ``/``-separated relative paths: no empty, ``.`` or ``..`` segments, no leading ``/``,
+no NUL byte, no backslash. Every adapter refuses other keys with
+:class:`~objq_broker.errors.InvalidKey`, so a key that works on one backend works on all.
+
+Versions are opaque strings. Memory, file and GCS versions never repeat for one key. S3 ETags
+are content hashes, so writing identical bytes twice yields the same ETag; the queue state
+embeds a monotonic counter so its bytes (and so its ETag) never repeat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from objq_broker.errors import ConfigurationError, InvalidKey
+
+#: Characters no key may contain.
+_FORBIDDEN_KEY_CHARS = ("\x00", "\\")
+#: Prefix reserved for the file adapter's own bookkeeping folders.
+RESERVED_KEY_PREFIX = ".objq"
+
+
+@dataclass(frozen=True, slots=True)
+class Blob:
+    """An object's bytes and the version they were read at."""
+
+    data: bytes
+    version: str
+
+    def __repr__(self) -> str:
+        return f"Blob(version={self.version!r}, size={len(self.data)})"
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """The compare-and-set object store every objq layer builds on (see the module docstring)."""
+
+    @property
+    def url(self) -> str:
+        """The store's location as a URL, without credentials."""
+        ...
+
+    def read(self, key: str) -> Blob | None: ...
+
+    def write(
+        self, key: str, data: bytes, *, if_version: str | None = None, if_absent: bool = False
+    ) -> str: ...
+
+    def put(self, key: str, data: bytes) -> str: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def list(self, prefix: str = "") -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+def check_key(key: object, where: str) -> str:
+    """Return ``key`` if it is a valid object key, else raise :class:`InvalidKey` naming ``where``."""
+    if not isinstance(key, str) or not key:
+        raise InvalidKey(f"{where}: expected a non-empty string key, found {key!r}")
+    for char in _FORBIDDEN_KEY_CHARS:
+        if char in key:
+            raise InvalidKey(f"{where}: key {key!r} contains the forbidden character {char!r}")
+    if key.startswith("/"):
+        raise InvalidKey(f"{where}: key {key!r} is absolute; expected a relative key like 'a/b'")
+    for segment in key.split("/"):
+        if segment in ("", ".", ".."):
+            raise InvalidKey(
+                f"{where}: key {key!r} has an empty, '.' or '..' segment; "
+                "expected segments like 'queues/state.json'"
+            )
+    if key.startswith(RESERVED_KEY_PREFIX):
+        raise InvalidKey(f"{where}: keys starting with {RESERVED_KEY_PREFIX!r} are reserved")
+    return key
+
+
+def check_prefix(prefix: object, where: str) -> str:
+    """Return a valid list prefix ('' or a key prefix), else raise :class:`InvalidKey`."""
+    if prefix == "":
+        return ""
+    if not isinstance(prefix, str):
+        raise InvalidKey(f"{where}: expected a string prefix, found {prefix!r}")
+    # A prefix may end in '/', or stop mid-segment ('archive/2026-'); check it as a key.
+    check_key(prefix.rstrip("/") or "x", where)
+    return prefix
+
+
+def check_write_mode(if_version: str | None, if_absent: bool, where: str) -> None:
+    """Refuse the over-determined write mode: a version to match *and* create-only."""
+    if if_version is not None and if_absent:
+        raise ConfigurationError(
+            f"{where}: write got both if_version={if_version!r} and if_absent=True; "
+            "expected at most one condition"
+        )
+    if if_version is not None and (not isinstance(if_version, str) or not if_version):
+        raise ConfigurationError(
+            f"{where}: if_version must be a non-empty version string, found {if_version!r}"
+        )
+
+
+def join_key(prefix: str, key: str) -> str:
+    """Join a store's key prefix (possibly '') and a key with one '/'."""
+    return f"{prefix}/{key}" if prefix else key

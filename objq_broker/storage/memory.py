@@ -1,0 +1,84 @@
+"""In-process object store: thread-safe, for tests and single-process use.
+
+Two ``open_store("memory://NAME")`` calls in one process share one store; nothing is shared
+between processes and nothing survives the process. Versions come from one counter per store,
+so they never repeat, even across delete and re-create.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+from objq_broker.errors import ObjectNotFound, PreconditionFailed
+from objq_broker.storage.base import Blob, check_key, check_prefix, check_write_mode
+
+
+class MemoryStore:
+    """A dict of objects behind one lock.
+
+    >>> store = MemoryStore("demo")
+    >>> version = store.write("a", b"1", if_absent=True)
+    >>> store.read("a").data
+    b'1'
+    """
+
+    def __init__(self, name: str = "default") -> None:
+        self._name = name
+        self._objects: dict[str, Blob] = {}
+        self._lock = threading.Lock()
+        self._versions = itertools.count(1)
+
+    @property
+    def url(self) -> str:
+        return f"memory://{self._name}"
+
+    def _where(self, key: str) -> str:
+        return f"memory store {self._name!r}, key {key!r}"
+
+    def read(self, key: str) -> Blob | None:
+        check_key(key, self._where(key))
+        with self._lock:
+            return self._objects.get(key)
+
+    def write(
+        self, key: str, data: bytes, *, if_version: str | None = None, if_absent: bool = False
+    ) -> str:
+        where = self._where(key)
+        check_key(key, where)
+        check_write_mode(if_version, if_absent, where)
+        with self._lock:
+            current = self._objects.get(key)
+            if if_absent and current is not None:
+                raise PreconditionFailed(
+                    f"{where}: create-only write found an existing object "
+                    f"(version {current.version})"
+                )
+            if if_version is not None and (current is None or current.version != if_version):
+                found = "no object" if current is None else f"version {current.version}"
+                raise PreconditionFailed(f"{where}: expected version {if_version}, found {found}")
+            version = str(next(self._versions))
+            self._objects[key] = Blob(bytes(data), version)
+            return version
+
+    def put(self, key: str, data: bytes) -> str:
+        return self.write(key, data)
+
+    def get(self, key: str) -> bytes:
+        blob = self.read(key)
+        if blob is None:
+            raise ObjectNotFound(f"{self._where(key)}: no such object")
+        return blob.data
+
+    def delete(self, key: str) -> None:
+        check_key(key, self._where(key))
+        with self._lock:
+            self._objects.pop(key, None)
+
+    def list(self, prefix: str = "") -> list[str]:
+        check_prefix(prefix, self._where(prefix))
+        with self._lock:
+            return sorted(k for k in self._objects if k.startswith(prefix))
+
+    def close(self) -> None:
+        """Nothing to release; the objects stay for other users of the same name."""
