@@ -74,7 +74,7 @@ class ObjectStore(Protocol):
 
 
 def check_key(key: object, where: str) -> str:
-    """Return ``key`` if it is a valid object key, else raise :class:`InvalidKey` naming ``where``."""
+    """Return ``key`` if valid; else raise :class:`InvalidKey` naming ``where``."""
     if not isinstance(key, str) or not key:
         raise InvalidKey(f"{where}: expected a non-empty string key, found {key!r}")
     for char in _FORBIDDEN_KEY_CHARS:

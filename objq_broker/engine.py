@@ -1,0 +1,436 @@
+"""The group-commit engine: one writer thread per (process, namespace).
+
+Callers submit operations (pure functions over :class:`~objq_broker.state.QueueState`) and get
+futures. The writer drains everything pending into one batch, applies it to its cached state,
+archives the jobs that finished, writes the state once with ``if_version``, and only then
+resolves the futures. New operations queue up while a write is in flight: that is the batching.
+
+Failure handling, in order of likelihood:
+
+* **Conflict** (another process committed first): re-read, re-apply the batch, retry after a
+  jittered exponential backoff.
+* **Storage error**: retry until ``commit_deadline_seconds``, then fail the batch's futures. No
+  future is ever resolved as a success before its effect is durable.
+* **Ambiguous write** (the write may have landed although the call failed): re-read and look for
+  this attempt's commit id in ``recent_commits``. Found: the saved results are the true ones.
+  Not found: the batch is applied afresh, so an enqueue is never doubled and an ack never lost.
+* **Corrupt or unknown state**, missing bucket, denied access: every op of the batch fails with
+  that error at once, and the state object is left untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from objq_broker.errors import (
+    AccessDenied,
+    BucketNotFound,
+    ConfigurationError,
+    ObjqError,
+    PreconditionFailed,
+    QueueClosed,
+    QueueError,
+    StateCorrupt,
+    StorageError,
+    WriterFenced,
+)
+from objq_broker.records import (
+    RECENT_COMMITS,
+    ArchiveRecord,
+    decode_state,
+    encode_archive,
+    encode_state,
+)
+from objq_broker.state import Finished, QueueState
+from objq_broker.storage.base import ObjectStore
+
+T = TypeVar("T")
+Operation = Callable[[QueueState, float], T]
+
+log = logging.getLogger("objq_broker.engine")
+
+#: The state object's key under the store's prefix.
+STATE_KEY = "state.json"
+#: Folder of the archive of finished jobs.
+ARCHIVE_PREFIX = "archive/"
+#: Most operations one commit applies.
+DEFAULT_MAX_BATCH_OPS = 5000
+#: Most payload bytes one commit adds.
+DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
+#: How long a batch keeps retrying storage errors and conflicts before its ops fail.
+DEFAULT_COMMIT_DEADLINE_SECONDS = 30.0
+#: How old the cached state may be before a claim or a read fetches it again.
+DEFAULT_MAX_STALENESS_SECONDS = 0.2
+#: How often an idle consumer engine looks for stale leases to expire.
+DEFAULT_IDLE_TICK_SECONDS = 1.0
+#: Errors that no retry can fix: fail the batch at once.
+_FATAL = (StateCorrupt, AccessDenied, BucketNotFound, WriterFenced)
+
+
+@dataclass
+class EngineMetrics:
+    """Counters since the engine started; ``state_writes / ops`` is the storage bill."""
+
+    ops: int = 0
+    batches: int = 0
+    state_writes: int = 0
+    state_reads: int = 0
+    archive_writes: int = 0
+    conflicts: int = 0
+    storage_errors: int = 0
+    max_batch_ops: int = 0
+    commit_seconds_total: float = 0.0
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+@dataclass(slots=True)
+class _Op:
+    fn: Callable[[QueueState, float], Any]
+    future: Future[Any]
+    fresh: bool
+    size: int
+    consumer: bool
+
+
+@dataclass
+class _Attempt:
+    """One try at committing a batch, kept so an ambiguous write can be resolved."""
+
+    commit_id: str
+    results: list[tuple[_Op, bool, Any]]
+    archive_key: str | None = None
+    finished: list[Finished] = field(default_factory=list)
+
+
+class Engine:
+    """Batches queue operations into conditional writes of one state object.
+
+    >>> from objq_broker.storage import MemoryStore
+    >>> engine = Engine(MemoryStore())
+    >>> engine.call(lambda state, now: state.declare("emails"))
+    True
+    >>> engine.close()
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        key: str = STATE_KEY,
+        archive: bool = True,
+        max_batch_ops: int = DEFAULT_MAX_BATCH_OPS,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        linger_seconds: float = 0.0,
+        commit_deadline_seconds: float = DEFAULT_COMMIT_DEADLINE_SECONDS,
+        max_staleness_seconds: float = DEFAULT_MAX_STALENESS_SECONDS,
+        idle_tick_seconds: float = DEFAULT_IDLE_TICK_SECONDS,
+        epoch: int = 0,
+        clock: Callable[[], float] = time.time,
+        seed: int | None = None,
+    ) -> None:
+        if max_batch_ops < 1 or max_batch_bytes < 1:
+            raise ConfigurationError(
+                f"Engine: max_batch_ops and max_batch_bytes must be >= 1, found "
+                f"{max_batch_ops} and {max_batch_bytes}"
+            )
+        self.store = store
+        self.key = key
+        self.archive = archive
+        self.max_batch_ops = max_batch_ops
+        self.max_batch_bytes = max_batch_bytes
+        self.linger_seconds = linger_seconds
+        self.commit_deadline_seconds = commit_deadline_seconds
+        self.max_staleness_seconds = max_staleness_seconds
+        self.idle_tick_seconds = idle_tick_seconds
+        self.epoch = epoch
+        self.clock = clock
+        self.metrics = EngineMetrics()
+        self._rng = random.Random(seed)
+        self._state: QueueState | None = None
+        self._version: str | None = None
+        self._synced_at = float("-inf")  # monotonic time the cache last matched storage
+        self._pending: deque[_Op] = deque()
+        self._cv = threading.Condition()
+        self._closing = False
+        self._fenced: WriterFenced | None = None
+        self._consumer = False
+        self._thread: threading.Thread | None = None
+        self._commit_listeners: list[Callable[[], None]] = []
+        self._uncertain: _Attempt | None = None  # a write that may have landed
+
+    # --- public ----------------------------------------------------------------------------
+
+    def submit(
+        self, fn: Operation[T], *, fresh: bool = False, size: int = 0, consumer: bool = False
+    ) -> Future[T]:
+        """Queue ``fn`` for the next commit. ``fresh`` asks for state no older than the
+        staleness bound (claims, reads); ``consumer`` turns on idle lease expiry."""
+        future: Future[T] = Future()
+        with self._cv:
+            if self._fenced is not None:
+                raise self._fenced
+            if self._closing:
+                raise QueueClosed(f"the engine for {self.store.url} is closed")
+            self._pending.append(_Op(fn, future, fresh, size, consumer))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"objq-writer {self.store.url}", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify()
+        return future
+
+    def call(self, fn: Operation[T], *, fresh: bool = True, size: int = 0) -> T:
+        """Submit ``fn`` and wait until its effect is durable; return its result."""
+        return self.submit(fn, fresh=fresh, size=size).result()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until everything submitted so far is durable (or failed)."""
+        with self._cv:
+            if self._thread is None:
+                return
+        self.submit(lambda state, now: None).result(timeout)
+
+    def on_commit(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the writer thread) after each batch; it must not block."""
+        self._commit_listeners.append(listener)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Commit what is pending, then stop the writer thread."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    # --- writer thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            self._commit(batch)
+
+    def _next_batch(self) -> list[_Op] | None:
+        """Wait for work (or an idle tick) and take a batch; None when closed and drained."""
+        with self._cv:
+            while not self._pending:
+                if self._closing:
+                    return None
+                tick = self.idle_tick_seconds if self._consumer else None
+                if not self._cv.wait(tick) and not self._pending:
+                    return []  # idle tick: expire stale leases
+            if self.linger_seconds > 0 and not self._closing:
+                end = time.monotonic() + self.linger_seconds
+                while len(self._pending) < self.max_batch_ops and not self._closing:
+                    remaining = end - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cv.wait(remaining)
+            batch: list[_Op] = []
+            size = 0
+            while self._pending and len(batch) < self.max_batch_ops:
+                op = self._pending[0]
+                if batch and size + op.size > self.max_batch_bytes:
+                    break
+                batch.append(self._pending.popleft())
+                size += op.size
+            return batch
+
+    def _commit(self, batch: list[_Op]) -> None:
+        started = time.monotonic()
+        if any(op.consumer for op in batch):
+            self._consumer = True
+        live = [op for op in batch if op.future.set_running_or_notify_cancel()]
+        try:
+            self._commit_with_retries(live, fresh=not batch or any(op.fresh for op in batch))
+        finally:
+            self.metrics.batches += 1
+            self.metrics.ops += len(batch)
+            self.metrics.max_batch_ops = max(self.metrics.max_batch_ops, len(batch))
+            self.metrics.commit_seconds_total += time.monotonic() - started
+            for listener in self._commit_listeners:
+                listener()
+
+    def _commit_with_retries(self, live: list[_Op], *, fresh: bool) -> None:
+        deadline = time.monotonic() + self.commit_deadline_seconds
+        self._uncertain = None
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                if self._try_commit(live, fresh):
+                    return
+            except _FATAL as exc:
+                self._invalidate()
+                if isinstance(exc, WriterFenced):
+                    self._fenced = exc
+                self._fail(live, exc)
+                return
+            except (PreconditionFailed, StorageError) as exc:
+                self._invalidate()
+                if isinstance(exc, PreconditionFailed):
+                    self.metrics.conflicts += 1
+                else:
+                    self.metrics.storage_errors += 1
+                    log.warning("storage error on %s, retrying: %s", self.store.url, exc)
+                if time.monotonic() >= deadline:
+                    self._fail(live, self._deadline_error(exc, tries, self._uncertain))
+                    return
+                pause = min(1.0, 0.005 * 2 ** min(tries, 8)) * (0.5 + self._rng.random())
+                time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+
+    def _try_commit(self, live: list[_Op], fresh: bool) -> bool:
+        """One try; True when every op is settled, False to try again at once."""
+        uncertain = self._uncertain
+        state = self._load(force=uncertain is not None, fresh=fresh)
+        if uncertain is not None:
+            self._uncertain = None
+            if uncertain.commit_id in state.doc.recent_commits:
+                log.info("commit %s landed although its write failed", uncertain.commit_id)
+                self._resolve(uncertain.results)
+                return True
+            self._discard_archive(uncertain)
+        attempt = self._apply(state, live)
+        if attempt is None:
+            return False  # an op crashed: it was failed and dropped; start again
+        if state.dirty:
+            try:
+                self._write(state, attempt)
+            except PreconditionFailed:
+                self._discard_archive(attempt)  # the state write certainly did not land
+                raise
+            except StorageError as exc:
+                if not isinstance(exc, _FATAL):
+                    self._uncertain = attempt  # it may have landed: look before re-applying
+                raise
+        self._resolve(attempt.results)
+        return True
+
+    def _deadline_error(self, exc: Exception, tries: int, uncertain: _Attempt | None) -> ObjqError:
+        what = (
+            "could not confirm whether the last write landed"
+            if uncertain is not None
+            else "gave up"
+        )
+        kind = QueueError if isinstance(exc, PreconditionFailed) else StorageError
+        return kind(
+            f"{self.store.url}: commit {what} after {tries} tries in "
+            f"{self.commit_deadline_seconds:g} s; last error: {exc}"
+        )
+
+    def _load(self, *, force: bool, fresh: bool) -> QueueState:
+        """The cached state, re-read when unknown, forced, or too old for a fresh op."""
+        stale = time.monotonic() - self._synced_at > self.max_staleness_seconds
+        if self._state is not None and not force and not (fresh and stale):
+            return self._state
+        blob = self.store.read(self.key)
+        self.metrics.state_reads += 1
+        if blob is None:
+            state, version = QueueState(), None
+        elif self._state is not None and blob.version == self._version and not force:
+            state, version = self._state, self._version  # unchanged since we last saw it
+        else:
+            doc = decode_state(blob.data, f"state {self.store.url}/{self.key}")
+            if doc.epoch > self.epoch:
+                raise WriterFenced(
+                    f"{self.store.url}/{self.key}: writer epoch {doc.epoch} took over from this "
+                    f"writer's epoch {self.epoch}; this writer stops"
+                )
+            state, version = QueueState(doc), blob.version
+        self._state, self._version = state, version
+        self._synced_at = time.monotonic()
+        return state
+
+    def _apply(self, state: QueueState, ops: list[_Op]) -> _Attempt | None:
+        now = self.clock()
+        results: list[tuple[_Op, bool, Any]] = []
+        for op in ops:
+            try:
+                results.append((op, True, op.fn(state, now)))
+            except ObjqError as exc:
+                # Transitions check before they change anything: the state is intact.
+                results.append((op, False, exc))
+            except Exception as exc:
+                # A bug may have left the state half-changed: fail this op, start again.
+                log.exception("operation failed unexpectedly; re-reading the state")
+                op.future.set_exception(exc)
+                ops.remove(op)
+                self._invalidate()
+                return None
+        state.expire(now)
+        return _Attempt(uuid.uuid4().hex, results, finished=list(state.finished))
+
+    def _write(self, state: QueueState, attempt: _Attempt) -> None:
+        doc = state.to_doc()
+        now = self.clock()
+        doc.version += 1
+        doc.epoch = max(doc.epoch, self.epoch)
+        doc.commit_id = attempt.commit_id
+        doc.committed_at = now
+        doc.recent_commits = [*doc.recent_commits, attempt.commit_id][-RECENT_COMMITS:]
+        if self.archive and attempt.finished:
+            # Archive first: a job leaves the state only once its record is stored.
+            hour = datetime.fromtimestamp(now, UTC).strftime("%Y/%m/%d/%H")
+            attempt.archive_key = f"{ARCHIVE_PREFIX}{hour}/{attempt.commit_id}.jsonl"
+            records = [ArchiveRecord(f.outcome, attempt.commit_id, f.job) for f in attempt.finished]
+            self.store.write(attempt.archive_key, encode_archive(records), if_absent=True)
+            self.metrics.archive_writes += 1
+        data = encode_state(doc)
+        if self._version is None:
+            version = self.store.write(self.key, data, if_absent=True)
+        else:
+            version = self.store.write(self.key, data, if_version=self._version)
+        self.metrics.state_writes += 1
+        self._version = version
+        self._synced_at = time.monotonic()
+        state.dirty = False
+        state.finished.clear()
+
+    def _discard_archive(self, attempt: _Attempt) -> None:
+        """Remove the archive object of a commit that did not land (best effort)."""
+        if attempt.archive_key is None:
+            return
+        try:
+            self.store.delete(attempt.archive_key)
+        except StorageError as exc:
+            log.warning("could not remove orphan archive %s: %s", attempt.archive_key, exc)
+
+    def _invalidate(self) -> None:
+        self._state = None
+        self._version = None
+        self._synced_at = float("-inf")
+
+    @staticmethod
+    def _resolve(results: list[tuple[_Op, bool, Any]]) -> None:
+        for op, ok, value in results:
+            if op.future.done():
+                continue
+            if ok:
+                op.future.set_result(value)
+            else:
+                op.future.set_exception(value)
+
+    @staticmethod
+    def _fail(ops: list[_Op], exc: BaseException) -> None:
+        for op in ops:
+            if not op.future.done():
+                op.future.set_exception(exc)

@@ -1,0 +1,181 @@
+"""The records the queue state is made of, and their wire format.
+
+The state of one namespace is one JSON document (msgspec structs, readable with ``jq``)::
+
+    {"format": 1, "version": 42, "epoch": 0, "commit_id": "...", "recent_commits": [...],
+     "seq": 1234, "queues": {...}, "jobs": [...], "dead": [...], "keys": {...}}
+
+``version`` counts commits and never repeats, so the document's bytes (and an S3 ETag, which
+is their MD5) never repeat either. ``recent_commits`` lets a writer whose write failed
+ambiguously find out whether it landed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import msgspec
+
+from objq_broker.errors import StateCorrupt
+
+#: The state format this code reads and writes; a different one is refused, never rewritten.
+FORMAT_VERSION = 1
+#: How many commit ids the state remembers for resolving ambiguous writes.
+RECENT_COMMITS = 64
+
+#: Queue defaults, used when a queue is declared without overrides.
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_BACKOFF_BASE_SECONDS = 1.0
+DEFAULT_BACKOFF_CAP_SECONDS = 3600.0
+DEFAULT_LEASE_SECONDS = 60.0
+#: Dead letters are kept a week, as Dramatiq keeps its dead messages.
+DEFAULT_DEAD_TTL_SECONDS = 7 * 24 * 3600.0
+#: An idempotency key returns the same job when reused within this window.
+DEFAULT_IDEMPOTENCY_SECONDS = 24 * 3600.0
+
+
+class Lease(msgspec.Struct, frozen=True):
+    """Who holds a delivered job, under which token, until when."""
+
+    token: str
+    owner: str
+    expires_at: float
+
+
+class Job(msgspec.Struct, omit_defaults=True):
+    """One job. ``visible_at`` is when it may next be claimed: its ETA, its retry time, or,
+    while leased, its lease expiry. Lower ``priority`` runs first; ``seq`` keeps FIFO order
+    within a priority."""
+
+    id: str
+    queue: str
+    body: str
+    seq: int
+    enqueued_at: float
+    visible_at: float
+    max_attempts: int
+    #: True when ``body`` holds base64 because the payload is not UTF-8 text.
+    b64: bool = False
+    priority: int = 0
+    attempts: int = 0
+    lease: Lease | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+    key: str | None = None
+
+    @property
+    def payload(self) -> bytes:
+        return base64.b64decode(self.body) if self.b64 else self.body.encode()
+
+    def state_at(self, now: float) -> str:
+        """'in-flight', 'delayed' or 'ready' (a dead letter's record says 'dead' elsewhere)."""
+        if self.lease is not None:
+            return "in-flight"
+        return "delayed" if self.visible_at > now else "ready"
+
+
+def encode_payload(payload: bytes) -> tuple[str, bool]:
+    """Text payloads stay readable in the state; anything else is base64."""
+    try:
+        return payload.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return base64.b64encode(payload).decode("ascii"), True
+
+
+class QueueConfig(msgspec.Struct, omit_defaults=True):
+    """Per-queue defaults kept in the state, so every worker of every host agrees on them."""
+
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    backoff_base_seconds: float = DEFAULT_BACKOFF_BASE_SECONDS
+    backoff_cap_seconds: float = DEFAULT_BACKOFF_CAP_SECONDS
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    dead_ttl_seconds: float = DEFAULT_DEAD_TTL_SECONDS
+    idempotency_seconds: float = DEFAULT_IDEMPOTENCY_SECONDS
+
+
+class KeyRecord(msgspec.Struct, array_like=True):
+    """An idempotency key's job and when the key may be reused."""
+
+    job_id: str
+    expires_at: float
+
+
+class StateDoc(msgspec.Struct, omit_defaults=True):
+    """The whole state of one namespace, as stored."""
+
+    format: int = FORMAT_VERSION
+    version: int = 0
+    epoch: int = 0
+    commit_id: str = ""
+    committed_at: float = 0.0
+    recent_commits: list[str] = msgspec.field(default_factory=list)
+    seq: int = 0
+    queues: dict[str, QueueConfig] = msgspec.field(default_factory=dict)
+    jobs: list[Job] = msgspec.field(default_factory=list)
+    dead: list[Job] = msgspec.field(default_factory=list)
+    keys: dict[str, KeyRecord] = msgspec.field(default_factory=dict)
+
+
+class ArchiveRecord(msgspec.Struct, omit_defaults=True):
+    """One finished or dead-lettered job, as a line of an archive object."""
+
+    outcome: str  # "done" or "dead"
+    commit_id: str
+    job: Job
+
+
+_encoder = msgspec.json.Encoder()
+_state_decoder = msgspec.json.Decoder(StateDoc)
+_format_probe = msgspec.json.Decoder(dict[str, object])
+
+
+def encode_state(doc: StateDoc) -> bytes:
+    return _encoder.encode(doc)
+
+
+def decode_state(data: bytes, where: str) -> StateDoc:
+    """Decode a stored state, or raise :class:`StateCorrupt` saying what was found where."""
+    try:
+        doc = _state_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise StateCorrupt(_corrupt_message(where, _describe_format(data), str(exc))) from exc
+    if doc.format != FORMAT_VERSION:
+        raise StateCorrupt(_corrupt_message(where, f"format {doc.format!r}", "unknown format"))
+    return doc
+
+
+def _corrupt_message(where: str, found: str, detail: str) -> str:
+    return (
+        f"{where}: expected an objq state of format {FORMAT_VERSION}, found {found} ({detail}); "
+        "it will not be overwritten: restore it from a backup or move it aside"
+    )
+
+
+def _describe_format(data: bytes) -> str:
+    try:
+        probe = _format_probe.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return f"{len(data)} bytes that are not a JSON object (starting {data[:40]!r})"
+    fmt = probe.get("format")
+    if fmt != FORMAT_VERSION:
+        return f"format {fmt!r}"
+    return "a document of the right format with invalid fields"
+
+
+def encode_archive(records: list[ArchiveRecord]) -> bytes:
+    return b"".join(_encoder.encode(record) + b"\n" for record in records)
+
+
+def decode_archive(data: bytes, where: str) -> list[ArchiveRecord]:
+    decoder = msgspec.json.Decoder(ArchiveRecord)
+    records = []
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(decoder.decode(line))
+        except (msgspec.DecodeError, msgspec.ValidationError, binascii.Error) as exc:
+            raise StateCorrupt(f"{where}, line {number}: not an archive record ({exc})") from exc
+    return records

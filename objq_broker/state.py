@@ -1,0 +1,547 @@
+"""The queue model: pure transitions over one namespace's state.
+
+Nothing here does I/O, reads a clock or draws a random number: the time (``now``), new job ids,
+lease tokens and jitter are all passed in, so an operation replayed after a failed write does
+exactly what it did the first time.
+
+Every transition checks everything it needs *before* it changes anything, so one refused
+operation (:class:`~objq_broker.errors.LeaseLost`, ...) leaves the state as it was and never
+spoils the batch it came in.
+
+Claims are O(log n): each queue keeps a heap of ready jobs ordered by (priority, seq) and a
+heap of timed jobs (delayed, backing off, or leased) ordered by ``visible_at``. Heap entries
+are invalidated lazily: ``_entry[job_id]`` holds the one entry that is current for a job.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import msgspec
+
+from objq_broker.errors import ConfigurationError, JobNotFound, LeaseLost, QueueNotFound
+from objq_broker.records import Job, KeyRecord, Lease, QueueConfig, StateDoc
+
+_ReadyEntry = tuple[int, int, str]  # (priority, seq, job id)
+_TimedEntry = tuple[float, int, str]  # (visible_at, seq, job id)
+#: Longest queue name accepted (SQS allows 80, Celery's pidbox names run longer).
+MAX_QUEUE_NAME = 255
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """What an enqueue asks for; the id is made by the caller so a replay is identical."""
+
+    id: str
+    queue: str
+    body: str
+    b64: bool = False
+    priority: int = 0
+    delay_seconds: float = 0.0
+    max_attempts: int | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A job leaving the hot state, to be archived before the commit that drops it."""
+
+    outcome: str  # "done" or "dead"
+    job: Job
+
+
+class QueueStats(msgspec.Struct, frozen=True):
+    """Counts for one queue at one moment."""
+
+    queue: str
+    ready: int
+    delayed: int
+    in_flight: int
+    dead: int
+    oldest_ready_age_seconds: float | None
+
+
+def check_queue_name(queue: object) -> str:
+    if (
+        not isinstance(queue, str)
+        or not queue
+        or len(queue) > MAX_QUEUE_NAME
+        or "/" in queue
+        or not queue.isprintable()
+    ):
+        raise ConfigurationError(
+            f"queue name: expected 1-{MAX_QUEUE_NAME} printable characters without '/', "
+            f"found {queue!r}"
+        )
+    return queue
+
+
+def retry_delay(attempts: int, base: float, cap: float, jitter: float) -> float:
+    """Capped exponential backoff with "equal jitter": half fixed, half drawn (0 <= jitter < 1)."""
+    raw = min(cap, base * 2.0 ** max(attempts - 1, 0))
+    return raw * (0.5 + 0.5 * jitter)
+
+
+def snapshot(job: Job) -> Job:
+    """A copy for callers: the state's own record keeps changing after the op returns."""
+    return msgspec.structs.replace(job)
+
+
+class QueueState:
+    """One namespace's jobs, dead letters, queue settings and idempotency keys, indexed."""
+
+    def __init__(self, doc: StateDoc | None = None) -> None:
+        self.doc = doc if doc is not None else StateDoc()
+        self.jobs: dict[str, Job] = {job.id: job for job in self.doc.jobs}
+        self.dead: dict[str, Job] = {job.id: job for job in self.doc.dead}
+        self._ready: dict[str, list[_ReadyEntry]] = {}
+        self._timed: dict[str, list[_TimedEntry]] = {}
+        self._entry: dict[str, _ReadyEntry | _TimedEntry] = {}
+        self._members: dict[str, set[str]] = {name: set() for name in self.doc.queues}
+        #: Jobs that left the hot state since the last commit, oldest first.
+        self.finished: list[Finished] = []
+        #: True once a transition changed something that must be written.
+        self.dirty = False
+        for job in self.jobs.values():
+            self._members.setdefault(job.queue, set()).add(job.id)
+            self._push_timed(job)
+
+    # --- indexes ---------------------------------------------------------------------------
+
+    def _push_timed(self, job: Job) -> None:
+        entry: _TimedEntry = (job.visible_at, job.seq, job.id)
+        self._entry[job.id] = entry
+        heapq.heappush(self._timed.setdefault(job.queue, []), entry)
+
+    def _push_ready(self, job: Job) -> None:
+        entry: _ReadyEntry = (job.priority, job.seq, job.id)
+        self._entry[job.id] = entry
+        heapq.heappush(self._ready.setdefault(job.queue, []), entry)
+
+    def _schedule(self, job: Job, now: float) -> None:
+        if job.lease is None and job.visible_at <= now:
+            self._push_ready(job)
+        else:
+            self._push_timed(job)
+
+    def _forget(self, job: Job) -> None:
+        self._entry.pop(job.id, None)
+        self.jobs.pop(job.id, None)
+        members = self._members.get(job.queue)
+        if members is not None:
+            members.discard(job.id)
+
+    def _due(self, queue: str, now: float) -> list[Job]:
+        """Pop every timed job of ``queue`` whose ``visible_at`` has come."""
+        heap = self._timed.get(queue)
+        due: list[Job] = []
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            if self._entry.get(entry[2]) == entry:
+                due.append(self.jobs[entry[2]])
+        return due
+
+    def _promote(self, queue: str, now: float) -> None:
+        """Move due jobs of ``queue`` to ready; expire the leases among them."""
+        for job in self._due(queue, now):
+            if job.lease is not None:
+                self._expire_lease(job, now)
+            else:
+                self._push_ready(job)
+
+    def _expire_lease(self, job: Job, now: float) -> None:
+        self.dirty = True
+        job.lease = None
+        job.visible_at = now
+        if job.attempts >= job.max_attempts:
+            self._dead_letter(job, now, f"lease expired on attempt {job.attempts}, the last")
+        else:
+            job.error = f"lease expired on attempt {job.attempts}"
+            self._push_ready(job)
+
+    # --- queues ----------------------------------------------------------------------------
+
+    def config(self, queue: str) -> QueueConfig:
+        found = self.doc.queues.get(queue)
+        if found is None:
+            raise QueueNotFound(f"queue {queue!r} is not declared; declared: {self.queue_names()}")
+        return found
+
+    def queue_names(self) -> list[str]:
+        return sorted(self.doc.queues)
+
+    def declare(self, queue: str, config: QueueConfig | None = None) -> bool:
+        """Declare ``queue`` if new (with ``config`` or the defaults); True if it was new."""
+        check_queue_name(queue)
+        if queue in self.doc.queues:
+            return False
+        self.doc.queues[queue] = config if config is not None else QueueConfig()
+        self._members.setdefault(queue, set())
+        self.dirty = True
+        return True
+
+    def configure(self, queue: str, changes: dict[str, float | int]) -> QueueConfig:
+        current = self.config(queue)
+        allowed = set(QueueConfig.__struct_fields__)
+        unknown = sorted(set(changes) - allowed)
+        if unknown:
+            raise ConfigurationError(
+                f"queue {queue!r}: unknown setting(s) {unknown}; accepted: {sorted(allowed)}"
+            )
+        for name, value in changes.items():
+            if not isinstance(value, int | float) or value <= 0:
+                raise ConfigurationError(
+                    f"queue {queue!r}: setting {name!r} must be a positive number, found {value!r}"
+                )
+        updated = msgspec.structs.replace(current, **changes)
+        if updated != current:
+            self.doc.queues[queue] = updated
+            self.dirty = True
+        return updated
+
+    def purge(self, queue: str) -> int:
+        """Delete the ready and delayed jobs of ``queue``; leased ones finish normally."""
+        self.config(queue)
+        doomed = [self.jobs[i] for i in self._members.get(queue, ()) if self.jobs[i].lease is None]
+        for job in doomed:
+            self._forget(job)
+        if doomed:
+            self.dirty = True
+        return len(doomed)
+
+    def delete_queue(self, queue: str) -> int:
+        """Remove ``queue``, its jobs and its dead letters; returns how many jobs went."""
+        self.config(queue)
+        doomed = [self.jobs[i] for i in self._members.get(queue, ())]
+        for job in doomed:
+            self._forget(job)
+        dead = [i for i, job in self.dead.items() if job.queue == queue]
+        for job_id in dead:
+            del self.dead[job_id]
+        del self.doc.queues[queue]
+        self._members.pop(queue, None)
+        self._ready.pop(queue, None)
+        self._timed.pop(queue, None)
+        self.dirty = True
+        return len(doomed) + len(dead)
+
+    # --- producing -------------------------------------------------------------------------
+
+    def enqueue(self, new: Iterable[NewJob], now: float) -> list[Job]:
+        """Add jobs (declaring their queues); a live idempotency key returns the earlier job."""
+        items = list(new)
+        for item in items:
+            check_queue_name(item.queue)
+            if item.id in self.jobs or item.id in self.dead:
+                raise ConfigurationError(f"job id {item.id!r} already exists")
+            if item.max_attempts is not None and item.max_attempts < 1:
+                raise ConfigurationError(
+                    f"job {item.id}: max_attempts must be >= 1, found {item.max_attempts}"
+                )
+        created: list[Job] = []
+        for item in items:
+            self.declare(item.queue)
+            existing = self._existing_for_key(item, now)
+            if existing is not None:
+                created.append(existing)
+                continue
+            config = self.doc.queues[item.queue]
+            self.doc.seq += 1
+            job = Job(
+                id=item.id,
+                queue=item.queue,
+                body=item.body,
+                b64=item.b64,
+                seq=self.doc.seq,
+                priority=item.priority,
+                enqueued_at=now,
+                visible_at=now + max(item.delay_seconds, 0.0),
+                max_attempts=item.max_attempts or config.max_attempts,
+                key=item.key,
+            )
+            self.jobs[job.id] = job
+            self._members[job.queue].add(job.id)
+            self._schedule(job, now)
+            if item.key is not None:
+                expires = now + config.idempotency_seconds
+                self.doc.keys[_key_slot(item.queue, item.key)] = KeyRecord(job.id, expires)
+            self.dirty = True
+            created.append(snapshot(job))
+        return created
+
+    def _existing_for_key(self, item: NewJob, now: float) -> Job | None:
+        if item.key is None:
+            return None
+        record = self.doc.keys.get(_key_slot(item.queue, item.key))
+        if record is None or record.expires_at <= now:
+            return None
+        live = self.jobs.get(record.job_id) or self.dead.get(record.job_id)
+        if live is not None:
+            return snapshot(live)
+        # The first job already finished: report it by id, as it was asked for.
+        return Job(
+            id=record.job_id,
+            queue=item.queue,
+            body=item.body,
+            b64=item.b64,
+            seq=0,
+            enqueued_at=record.expires_at - self.doc.queues[item.queue].idempotency_seconds,
+            visible_at=now,
+            max_attempts=item.max_attempts or self.doc.queues[item.queue].max_attempts,
+            key=item.key,
+            finished_at=now,
+        )
+
+    # --- consuming -------------------------------------------------------------------------
+
+    def claim(
+        self,
+        queue: str,
+        tokens: list[str],
+        owner: str,
+        now: float,
+        lease_seconds: float | None = None,
+    ) -> list[Job]:
+        """Lease up to ``len(tokens)`` ready jobs of ``queue``, best (priority, seq) first."""
+        config = self.doc.queues.get(queue)
+        if config is None or not tokens:
+            return []
+        self._promote(queue, now)
+        seconds = lease_seconds if lease_seconds is not None else config.lease_seconds
+        heap = self._ready.get(queue, [])
+        claimed: list[Job] = []
+        while heap and len(claimed) < len(tokens):
+            entry = heapq.heappop(heap)
+            if self._entry.get(entry[2]) != entry:
+                continue
+            job = self.jobs[entry[2]]
+            job.attempts += 1
+            job.started_at = now
+            job.lease = Lease(tokens[len(claimed)], owner, now + seconds)
+            job.visible_at = job.lease.expires_at
+            self._push_timed(job)
+            claimed.append(snapshot(job))
+        if claimed:
+            self.dirty = True
+        return claimed
+
+    def _held(self, job_id: str, token: str) -> Job:
+        """The job ``token`` holds, or :class:`LeaseLost` saying why it does not."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise LeaseLost(f"job {job_id}: no longer in the queue (acked, dead or purged)")
+        if job.lease is None or job.lease.token != token:
+            now_held = "nobody" if job.lease is None else f"owner {job.lease.owner!r}"
+            raise LeaseLost(
+                f"job {job_id}: lease {token} is stale; the job is now held by {now_held}"
+            )
+        return job
+
+    def heartbeat(
+        self, held: list[tuple[str, str]], now: float, lease_seconds: float | None = None
+    ) -> list[bool]:
+        """Extend many leases at once; the result says which were still held."""
+        alive: list[bool] = []
+        for job_id, token in held:
+            try:
+                job = self._held(job_id, token)
+            except LeaseLost:
+                alive.append(False)
+                continue
+            seconds = lease_seconds or self.doc.queues[job.queue].lease_seconds
+            assert job.lease is not None
+            job.lease = Lease(job.lease.token, job.lease.owner, now + seconds)
+            job.visible_at = job.lease.expires_at
+            self._push_timed(job)
+            self.dirty = True
+            alive.append(True)
+        return alive
+
+    def ack(self, job_id: str, token: str, now: float) -> Job:
+        job = self._held(job_id, token)
+        self._forget(job)
+        job.lease = None
+        job.finished_at = now
+        self.finished.append(Finished("done", job))
+        self.dirty = True
+        return snapshot(job)
+
+    def nack(
+        self,
+        job_id: str,
+        token: str,
+        now: float,
+        *,
+        error: str | None,
+        retry: bool,
+        jitter: float,
+        delay_seconds: float | None = None,
+    ) -> str:
+        """Retry after a backoff, or dead-letter once attempts are spent; returns which."""
+        job = self._held(job_id, token)
+        self.dirty = True
+        job.lease = None
+        job.error = error
+        if not retry or job.attempts >= job.max_attempts:
+            self._entry.pop(job.id, None)
+            self._dead_letter(job, now, error)
+            return "dead"
+        config = self.doc.queues[job.queue]
+        if delay_seconds is None:
+            delay_seconds = retry_delay(
+                job.attempts, config.backoff_base_seconds, config.backoff_cap_seconds, jitter
+            )
+        job.visible_at = now + delay_seconds
+        self._schedule(job, now)
+        return "retry"
+
+    def _dead_letter(self, job: Job, now: float, error: str | None) -> None:
+        self._forget(job)
+        job.lease = None
+        job.error = error
+        job.finished_at = now
+        self.dead[job.id] = job
+        self.finished.append(Finished("dead", snapshot(job)))
+
+    def release(self, held: list[tuple[str, str]], now: float) -> list[bool]:
+        """Give back unprocessed deliveries without counting an attempt."""
+        released: list[bool] = []
+        for job_id, token in held:
+            try:
+                job = self._held(job_id, token)
+            except LeaseLost:
+                released.append(False)
+                continue
+            job.lease = None
+            job.attempts = max(job.attempts - 1, 0)
+            job.visible_at = now
+            self._push_ready(job)
+            self.dirty = True
+            released.append(True)
+        return released
+
+    def expire(self, now: float) -> int:
+        """Return stale leases to their queues; drop dead letters and keys past retention."""
+        expired = 0
+        for queue in list(self._timed):
+            for job in self._due(queue, now):
+                if job.lease is not None:
+                    self._expire_lease(job, now)
+                    expired += 1
+                else:
+                    self._push_ready(job)
+        for job_id, job in list(self.dead.items()):
+            ttl = self.doc.queues.get(job.queue, QueueConfig()).dead_ttl_seconds
+            if (job.finished_at or 0.0) + ttl <= now:
+                del self.dead[job_id]
+                self.dirty = True
+        for slot, record in list(self.doc.keys.items()):
+            if record.expires_at <= now:
+                del self.doc.keys[slot]
+                self.dirty = True
+        return expired
+
+    # --- dead letters ----------------------------------------------------------------------
+
+    def dead_letters(self, queue: str) -> list[Job]:
+        self.config(queue)
+        found = [snapshot(job) for job in self.dead.values() if job.queue == queue]
+        return sorted(found, key=lambda job: (job.finished_at or 0.0, job.seq))
+
+    def _dead_ids(self, queue: str, ids: list[str] | None) -> list[str]:
+        self.config(queue)
+        if ids is None:
+            return [i for i, job in self.dead.items() if job.queue == queue]
+        missing = [i for i in ids if i not in self.dead or self.dead[i].queue != queue]
+        if missing:
+            raise JobNotFound(f"queue {queue!r}: no dead letters with ids {missing}")
+        return list(dict.fromkeys(ids))
+
+    def retry_dead(self, queue: str, ids: list[str] | None, now: float) -> list[str]:
+        """Put dead letters back at the end of their queue with a fresh attempt count."""
+        chosen = self._dead_ids(queue, ids)
+        for job_id in chosen:
+            job = self.dead.pop(job_id)
+            self.doc.seq += 1
+            job.seq = self.doc.seq
+            job.attempts = 0
+            job.visible_at = now
+            job.finished_at = None
+            self.jobs[job.id] = job
+            self._members.setdefault(queue, set()).add(job.id)
+            self._push_ready(job)
+        if chosen:
+            self.dirty = True
+        return chosen
+
+    def purge_dead(self, queue: str, ids: list[str] | None) -> int:
+        chosen = self._dead_ids(queue, ids)
+        for job_id in chosen:
+            del self.dead[job_id]
+        if chosen:
+            self.dirty = True
+        return len(chosen)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def stats(self, queue: str, now: float) -> QueueStats:
+        self.config(queue)
+        ready = delayed = in_flight = 0
+        oldest: float | None = None
+        for job_id in self._members.get(queue, ()):
+            job = self.jobs[job_id]
+            state = job.state_at(now)
+            if state == "in-flight":
+                in_flight += 1
+            elif state == "delayed":
+                delayed += 1
+            else:
+                ready += 1
+                oldest = job.enqueued_at if oldest is None else min(oldest, job.enqueued_at)
+        dead = sum(1 for job in self.dead.values() if job.queue == queue)
+        age = None if oldest is None else max(now - oldest, 0.0)
+        return QueueStats(queue, ready, delayed, in_flight, dead, age)
+
+    def find(self, job_id: str, now: float) -> tuple[str, Job] | None:
+        """A job's state ('ready', 'delayed', 'in-flight' or 'dead') and a copy of it."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            return job.state_at(now), snapshot(job)
+        dead = self.dead.get(job_id)
+        return None if dead is None else ("dead", snapshot(dead))
+
+    def list_jobs(
+        self, queue: str, now: float, state: str | None = None, limit: int | None = None
+    ) -> list[tuple[str, Job]]:
+        """Jobs of ``queue`` in claim order (dead letters by death time), optionally filtered."""
+        self.config(queue)
+        rows: list[tuple[str, Job]] = []
+        if state != "dead":
+            live = sorted(
+                (self.jobs[i] for i in self._members.get(queue, ())),
+                key=lambda job: (job.visible_at > now, job.priority, job.seq),
+            )
+            rows = [(job.state_at(now), snapshot(job)) for job in live]
+            if state is not None:
+                rows = [row for row in rows if row[0] == state]
+        if state in (None, "dead"):
+            rows += [("dead", job) for job in self.dead_letters(queue)]
+        return rows if limit is None else rows[:limit]
+
+    def next_wakeup(self) -> float | None:
+        """The earliest ``visible_at`` among timed jobs (a lease to expire, a delay to end)."""
+        times = [heap[0][0] for heap in self._timed.values() if heap]
+        return min(times) if times else None
+
+    # --- persisting ------------------------------------------------------------------------
+
+    def to_doc(self) -> StateDoc:
+        self.doc.jobs = list(self.jobs.values())
+        self.doc.dead = list(self.dead.values())
+        return self.doc
+
+
+def _key_slot(queue: str, key: str) -> str:
+    return f"{queue}/{key}"

@@ -1,0 +1,223 @@
+"""A local directory as an object store, with compare-and-set that holds across processes.
+
+Each key is a file under the root. A write goes to a temporary file in ``.objq-tmp/``, is
+fsynced, given a modification time strictly later than the one it replaces, renamed over the
+key's file, and the directory is fsynced, so a reader sees the old bytes or the new ones, never
+a torn mix, and a crash never leaves a half-written object.
+
+Conditional writes take an exclusive ``flock`` on a per-key lock file in ``.objq-locks/``
+around check-and-rename. ``flock`` locks belong to an open file description, so they exclude
+other threads of this process as well as other processes on this host. (Over NFS, ``flock``
+semantics depend on the server; use S3 or GCS to share a queue between hosts.)
+
+A version is ``<mtime_ns>-<inode>``, read with ``fstat`` on the same descriptor the data is
+read from. Writes push mtime strictly forward per key, so a version never repeats even when an
+inode number is reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from objq_broker.errors import (
+    AccessDenied,
+    BucketNotFound,
+    ObjectNotFound,
+    PreconditionFailed,
+    StorageError,
+)
+from objq_broker.storage.base import Blob, check_key, check_prefix, check_write_mode
+
+#: Folder (under the root) holding temporary files until they are renamed into place.
+TMP_DIR = ".objq-tmp"
+#: Folder (under the root) holding one lock file per key ever written conditionally.
+LOCK_DIR = ".objq-locks"
+
+
+def _version_of(stat: os.stat_result) -> str:
+    return f"{stat.st_mtime_ns:x}-{stat.st_ino:x}"
+
+
+def _mtime_of(version: str) -> int:
+    return int(version.split("-", 1)[0], 16)
+
+
+class FileStore:
+    """Objects as files under ``root``.
+
+    >>> import tempfile
+    >>> store = FileStore(tempfile.mkdtemp())
+    >>> v1 = store.write("q/state.json", b"{}", if_absent=True)
+    >>> store.write("q/state.json", b"{}", if_version=v1) != v1
+    True
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self._root = Path(root).absolute()
+        self._fsync = fsync
+        try:
+            for folder in (TMP_DIR, LOCK_DIR):
+                (self._root / folder).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self._translate(exc, "") from exc
+
+    @property
+    def url(self) -> str:
+        return self._root.as_uri()
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    def _where(self, key: str) -> str:
+        return f"file store {str(self._root)!r}, key {key!r}"
+
+    def _path(self, key: str) -> Path:
+        check_key(key, self._where(key))
+        return self._root / key
+
+    def _translate(self, exc: OSError, key: str) -> StorageError:
+        """The one place OS errors become objq storage errors."""
+        where = self._where(key)
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return AccessDenied(f"{where}: permission denied ({exc.strerror})")
+        if exc.errno == errno.ENOENT and not self._root.exists():
+            return BucketNotFound(f"{where}: the root directory does not exist")
+        if exc.errno in (errno.ENOTDIR, errno.EISDIR):
+            return StorageError(
+                f"{where}: a path component is a file where a folder is needed, or the "
+                f"reverse ({exc.strerror})"
+            )
+        return StorageError(f"{where}: {exc.strerror or exc}")
+
+    @contextlib.contextmanager
+    def _errors(self, key: str) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            raise self._translate(exc, key) from exc
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        # Hash the key: lock files stay flat and short whatever the key looks like.
+        name = hashlib.sha256(key.encode()).hexdigest()[:40]
+        fd = os.open(self._root / LOCK_DIR / name, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def _current(self, path: Path) -> os.stat_result | None:
+        try:
+            return path.stat()
+        except FileNotFoundError:
+            return None
+
+    def read(self, key: str) -> Blob | None:
+        path = self._path(key)
+        with self._errors(key):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            try:
+                stat = os.fstat(fd)
+                with os.fdopen(os.dup(fd), "rb") as handle:
+                    data = handle.read()
+            finally:
+                os.close(fd)
+        return Blob(data, _version_of(stat))
+
+    def write(
+        self, key: str, data: bytes, *, if_version: str | None = None, if_absent: bool = False
+    ) -> str:
+        path = self._path(key)
+        where = self._where(key)
+        check_write_mode(if_version, if_absent, where)
+        with self._errors(key):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._stage(data)
+            try:
+                with self._locked(key):
+                    current = self._current(path)
+                    found = None if current is None else _version_of(current)
+                    if if_absent and found is not None:
+                        raise PreconditionFailed(
+                            f"{where}: create-only write found an existing object (version {found})"
+                        )
+                    if if_version is not None and found != if_version:
+                        shown = "no object" if found is None else f"version {found}"
+                        raise PreconditionFailed(
+                            f"{where}: expected version {if_version}, found {shown}"
+                        )
+                    floor = 0 if found is None else _mtime_of(found) + 1
+                    mtime = max(time.time_ns(), floor)
+                    os.utime(tmp, ns=(mtime, mtime))
+                    os.rename(tmp, path)
+                    if self._fsync:
+                        self._sync_dir(path.parent)
+                    return _version_of(path.stat())
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+    def _stage(self, data: bytes) -> Path:
+        tmp = self._root / TMP_DIR / f"{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            if self._fsync:
+                os.fsync(handle.fileno())
+        return tmp
+
+    @staticmethod
+    def _sync_dir(folder: Path) -> None:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def put(self, key: str, data: bytes) -> str:
+        return self.write(key, data)
+
+    def get(self, key: str) -> bytes:
+        blob = self.read(key)
+        if blob is None:
+            raise ObjectNotFound(f"{self._where(key)}: no such object")
+        return blob.data
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        with self._errors(key), self._locked(key), contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def list(self, prefix: str = "") -> list[str]:
+        check_prefix(prefix, self._where(prefix))
+        # Walk only the folder the prefix names, not the whole tree.
+        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = self._root / folder
+        keys: list[str] = []
+        with self._errors(prefix):
+            for dirpath, dirnames, filenames in os.walk(start):
+                rel_dir = os.path.relpath(dirpath, self._root)
+                if rel_dir == ".":
+                    dirnames[:] = [d for d in dirnames if d not in (TMP_DIR, LOCK_DIR)]
+                    rel_dir = ""
+                for name in filenames:
+                    key = f"{rel_dir}/{name}" if rel_dir else name
+                    if key.startswith(prefix):
+                        keys.append(key)
+        return sorted(keys)
+
+    def close(self) -> None:
+        """Nothing is held open between calls."""

@@ -1,0 +1,294 @@
+"""S3 (and S3-compatible: MinIO, R2, moto) as an object store, through one reused boto3 client.
+
+Compare-and-set uses S3's conditional writes: *create* sends ``If-None-Match: *``, *update*
+sends ``If-Match: <ETag>``. S3 answers a lost condition with 412 ``PreconditionFailed`` or, when
+two conditional writes to one key overlap, 409 ``ConditionalRequestConflict``; both become one
+:class:`~objq_broker.errors.PreconditionFailed`. Versions are ETags exactly as S3 returns them
+(quoted MD5 digests for single-part uploads), taken from the response that carried the data.
+
+Timeouts and retries default to failing fast: a queue whose storage is unreachable should say
+so within seconds, and the engine above retries with its own backoff.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+from objq_broker.errors import (
+    AccessDenied,
+    BucketNotFound,
+    ConfigurationError,
+    InvalidKey,
+    ObjectNotFound,
+    PreconditionFailed,
+    StorageError,
+    StorageUnavailable,
+)
+from objq_broker.storage.base import Blob, check_key, check_prefix, check_write_mode, join_key
+
+try:
+    import boto3
+    import botocore.exceptions
+    from botocore.config import Config
+except ModuleNotFoundError as exc:  # the adapter module is the boundary of the optional extra
+    raise ModuleNotFoundError(
+        f"the S3 store needs boto3 ({exc}); install it with: pip install 'objq-broker[s3]'",
+        name=exc.name,
+    ) from exc
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+#: Seconds to wait for a TCP connection before the attempt fails (botocore's default is 60).
+DEFAULT_CONNECT_TIMEOUT_SECONDS = 5.0
+#: Seconds to wait for each socket read of a response (botocore's default is 60).
+DEFAULT_READ_TIMEOUT_SECONDS = 30.0
+#: Attempts per call, the first included ("standard" retry mode); a dead endpoint fails in ~5 s.
+DEFAULT_MAX_ATTEMPTS = 3
+
+#: S3 error codes that mean "the condition did not hold" (409 is S3's answer to overlapping
+#: conditional writes on one key).
+_PRECONDITION_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
+#: S3 error codes that refuse the credentials rather than the request.
+_ACCESS_CODES = frozenset(
+    {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
+)
+#: S3 error codes that are transient whatever their HTTP status.
+_TRANSIENT_CODES = frozenset(
+    {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling"}
+)
+
+
+class S3Store:
+    """Objects under ``s3://bucket/prefix``.
+
+    >>> store = S3Store("jobs-bucket", "q", endpoint_url="http://127.0.0.1:9000")  # doctest: +SKIP
+    >>> version = store.write("state.json", b"{}", if_absent=True)  # doctest: +SKIP
+    >>> store.write("state.json", b"{}", if_version=version)  # doctest: +SKIP
+
+    Pass ``client`` to reuse a configured boto3 S3 client; the store then does not close it,
+    and ``endpoint_url``, ``region``, ``profile`` and the timeouts must not also be given.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        profile: str | None = None,
+        client: S3Client | None = None,
+        connect_timeout: float | None = None,
+        read_timeout: float | None = None,
+        max_attempts: int | None = None,
+    ) -> None:
+        if not isinstance(bucket, str) or not bucket:
+            raise ConfigurationError(f"s3 store: expected a bucket name, found {bucket!r}")
+        self._bucket = bucket
+        self._prefix = _clean_prefix(prefix, f"s3 bucket {bucket!r}")
+        self._endpoint_url = endpoint_url
+        self._region = region
+        if client is not None:
+            given = {
+                "endpoint_url": endpoint_url,
+                "region": region,
+                "profile": profile,
+                "connect_timeout": connect_timeout,
+                "read_timeout": read_timeout,
+                "max_attempts": max_attempts,
+            }
+            clashing = sorted(name for name, value in given.items() if value is not None)
+            if clashing:
+                raise ConfigurationError(
+                    f"s3 bucket {bucket!r}: got an injected client and also "
+                    f"{', '.join(clashing)}; configure the client, or pass these options "
+                    "without a client, not both"
+                )
+            self._client = client
+            self._owns_client = False
+            return
+        config = Config(
+            connect_timeout=DEFAULT_CONNECT_TIMEOUT_SECONDS
+            if connect_timeout is None
+            else connect_timeout,
+            read_timeout=DEFAULT_READ_TIMEOUT_SECONDS if read_timeout is None else read_timeout,
+            retries={
+                "mode": "standard",
+                "max_attempts": DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
+            },
+        )
+        try:
+            # A private session: boto3's default session is shared and not thread-safe to build
+            # clients from. The client it makes is thread-safe and reused for every call.
+            session = boto3.session.Session(profile_name=profile, region_name=region)
+            self._client = session.client("s3", endpoint_url=endpoint_url, config=config)
+        except botocore.exceptions.ProfileNotFound as exc:
+            raise ConfigurationError(f"s3 bucket {bucket!r}: {exc}") from exc
+        except ValueError as exc:  # botocore refuses a malformed endpoint_url this way
+            raise ConfigurationError(
+                f"s3 bucket {bucket!r}: invalid endpoint_url {endpoint_url!r} ({exc})"
+            ) from exc
+        self._owns_client = True
+
+    @property
+    def url(self) -> str:
+        query: dict[str, str] = {}
+        if self._endpoint_url is not None:
+            query["endpoint_url"] = _without_userinfo(self._endpoint_url)
+        if self._region is not None:
+            query["region"] = self._region
+        path = f"/{self._prefix}" if self._prefix else ""
+        return f"s3://{self._bucket}{path}" + (f"?{urlencode(query, safe=':/')}" if query else "")
+
+    def _key(self, key: str) -> tuple[str, str]:
+        """Check ``key`` and return (full S3 key, where-string for messages)."""
+        full = join_key(self._prefix, check_key(key, f"s3 bucket {self._bucket!r}, key {key!r}"))
+        return full, f"s3 bucket {self._bucket!r}, key {full!r}"
+
+    def read(self, key: str) -> Blob | None:
+        full, where = self._key(key)
+        try:
+            with self._translated(where, "read"):
+                response = self._client.get_object(Bucket=self._bucket, Key=full)
+                data = response["Body"].read()
+        except ObjectNotFound:
+            return None
+        return Blob(data, response["ETag"])
+
+    def write(
+        self, key: str, data: bytes, *, if_version: str | None = None, if_absent: bool = False
+    ) -> str:
+        full, where = self._key(key)
+        check_write_mode(if_version, if_absent, where)
+        body = bytes(data)
+        with self._translated(where, "write", if_absent=if_absent, if_version=if_version):
+            if if_absent:
+                response = self._client.put_object(
+                    Bucket=self._bucket, Key=full, Body=body, IfNoneMatch="*"
+                )
+            elif if_version is not None:
+                response = self._client.put_object(
+                    Bucket=self._bucket, Key=full, Body=body, IfMatch=if_version
+                )
+            else:
+                response = self._client.put_object(Bucket=self._bucket, Key=full, Body=body)
+        return response["ETag"]
+
+    def put(self, key: str, data: bytes) -> str:
+        return self.write(key, data)
+
+    def get(self, key: str) -> bytes:
+        full, where = self._key(key)
+        with self._translated(where, "get"):
+            response = self._client.get_object(Bucket=self._bucket, Key=full)
+            return response["Body"].read()
+
+    def delete(self, key: str) -> None:
+        full, where = self._key(key)
+        # S3 answers 204 for a missing key too, so a repeated delete is not an error.
+        with self._translated(where, "delete"):
+            self._client.delete_object(Bucket=self._bucket, Key=full)
+
+    def list(self, prefix: str = "") -> list[str]:
+        check_prefix(prefix, f"s3 bucket {self._bucket!r}, prefix {prefix!r}")
+        # With a store prefix 'p', list('') must not match a sibling 'p2/...': anchor on 'p/'.
+        base = f"{self._prefix}/" if self._prefix else ""
+        full_prefix = base + prefix
+        keys: list[str] = []
+        with self._translated(f"s3 bucket {self._bucket!r}, prefix {full_prefix!r}", "list"):
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self._bucket, Prefix=full_prefix
+            )
+            for page in pages:
+                keys.extend(item["Key"][len(base) :] for item in page.get("Contents", ()))
+        return sorted(keys)
+
+    def close(self) -> None:
+        """Close the connection pool, unless the client was injected (its owner closes it)."""
+        if self._owns_client:
+            self._client.close()
+
+    @contextmanager
+    def _translated(
+        self,
+        where: str,
+        action: str,
+        *,
+        if_absent: bool = False,
+        if_version: str | None = None,
+    ) -> Iterator[None]:
+        """Run one S3 call, turning botocore's errors into objq's (see :func:`_storage_error`)."""
+        try:
+            yield
+        except (
+            botocore.exceptions.ClientError,
+            botocore.exceptions.ConnectionError,
+            botocore.exceptions.HTTPClientError,
+            botocore.exceptions.NoCredentialsError,
+        ) as exc:
+            raise _storage_error(exc, where, action, if_absent, if_version) from exc
+
+
+def _storage_error(
+    exc: Exception, where: str, action: str, if_absent: bool, if_version: str | None
+) -> StorageError:
+    """The one place a botocore error becomes an objq storage error naming ``where``."""
+    if isinstance(exc, botocore.exceptions.NoCredentialsError):
+        return AccessDenied(
+            f"{where}: {action} failed: no AWS credentials found (set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, a profile, or an instance role)"
+        )
+    if not isinstance(exc, botocore.exceptions.ClientError):
+        # Endpoint refused or unreachable, connect/read timeout, connection dropped mid-body.
+        return StorageUnavailable(f"{where}: {action} failed, S3 unreachable: {exc}")
+    error: Any = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    said = f"S3 said {status} {code}: {error.get('Message', '')}".rstrip(": ")
+    if code in _PRECONDITION_CODES or status == 412:
+        expected = "no object (create-only)" if if_absent else f"version {if_version}"
+        return PreconditionFailed(
+            f"{where}: conditional {action} lost: expected {expected}, found another ({said})"
+        )
+    if code == "NoSuchBucket":
+        return BucketNotFound(f"{where}: {action} failed: the bucket does not exist ({said})")
+    if code == "NoSuchKey" or status == 404:
+        if if_version is not None:
+            # S3 answers If-Match on a missing key with 404; the contract calls that a lost CAS.
+            return PreconditionFailed(
+                f"{where}: conditional {action} lost: expected version {if_version}, "
+                f"found no object ({said})"
+            )
+        return ObjectNotFound(f"{where}: no such object ({said})")
+    if code in _ACCESS_CODES or status in (401, 403):
+        return AccessDenied(f"{where}: {action} refused ({said})")
+    if code in _TRANSIENT_CODES or status >= 500 or status == 429:
+        return StorageUnavailable(f"{where}: {action} failed transiently ({said})")
+    return StorageError(f"{where}: {action} failed ({said})")
+
+
+def _clean_prefix(prefix: str, where: str) -> str:
+    """Return ``prefix`` without surrounding '/', refusing one that is not a valid key."""
+    if not isinstance(prefix, str):
+        raise ConfigurationError(f"{where}: expected a string prefix, found {prefix!r}")
+    cleaned = prefix.strip("/")
+    if cleaned:
+        try:
+            check_key(cleaned, f"{where}, prefix {cleaned!r}")
+        except InvalidKey as exc:
+            raise ConfigurationError(str(exc)) from exc
+    return cleaned
+
+
+def _without_userinfo(endpoint_url: str) -> str:
+    """Drop any ``user:password@`` from an endpoint URL, so ``url`` never shows a secret."""
+    parts = urlsplit(endpoint_url)
+    if parts.username is None and parts.password is None:
+        return endpoint_url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,58 @@
+"""Shared fixtures: real storage peers (moto's S3 server, fake-gcs-server) and stores on them."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from servers import gcs_endpoint, gcs_url_factory, moto_endpoint, s3_url_factory
+
+from objq_broker.storage import ObjectStore, open_store
+
+__all__ = ["gcs_endpoint", "gcs_url_factory", "moto_endpoint", "s3_url_factory"]
+
+#: Every backend the contract suite runs against; none is ever skipped.
+BACKENDS = ["memory", "file", "s3", "gs"]
+
+_memory_names = itertools.count()
+
+
+@pytest.fixture
+def store_url_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], str]:
+    """Returns make(backend) -> a URL of a fresh, empty store on that backend."""
+    folders = itertools.count()
+
+    def make(backend: str) -> str:
+        if backend == "memory":
+            return f"memory://test-{next(_memory_names)}"
+        if backend == "file":
+            return (tmp_path / f"store{next(folders)}").as_uri()
+        if backend == "s3":
+            factory: Callable[[], str] = request.getfixturevalue("s3_url_factory")
+            return factory()
+        if backend == "gs":
+            factory = request.getfixturevalue("gcs_url_factory")
+            return factory()
+        raise ValueError(f"unknown backend {backend!r}")
+
+    return make
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def store_url(backend: str, store_url_factory: Callable[[str], str]) -> str:
+    return store_url_factory(backend)
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[ObjectStore]:
+    opened = open_store(store_url)
+    yield opened
+    opened.close()

@@ -1,0 +1,98 @@
+"""open_store's URL handling and the file adapter's own promises."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from objq_broker.errors import ConfigurationError, InvalidKey, PreconditionFailed
+from objq_broker.storage import MemoryStore, open_store
+from objq_broker.storage.file import LOCK_DIR, TMP_DIR, FileStore
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("nope", "expected SCHEME://"),
+        ("ftp://host/x", "unknown scheme 'ftp'"),
+        ("s3://", "expected a bucket name"),
+        ("gs:///prefix", "expected a bucket name"),
+        ("file://", "expected a directory"),
+        ("memory://x?colour=red", "unknown option 'colour'"),
+        ("s3://bucket/p?colour=red", "accepted: connect_timeout, endpoint_url"),
+        ("s3://bucket/p?connect_timeout=soon", "invalid value 'soon'"),
+        ("file:///tmp/x?fsync=maybe", "expected true/false"),
+    ],
+)
+def test_bad_urls_are_refused_with_what_is_accepted(url: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message) as info:
+        open_store(url)
+    assert isinstance(info.value, ValueError)
+
+
+def test_unknown_keyword_and_conflicting_options_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="unknown option 'region' for file://"):
+        open_store(tmp_path.as_uri(), region="eu")
+    with pytest.raises(ConfigurationError, match="both in the URL and as a keyword"):
+        open_store(f"{tmp_path.as_uri()}?fsync=false", fsync=True)
+    with pytest.raises(ConfigurationError, match="accepted: memory://, file://, s3://, gs://"):
+        open_store("redis://localhost")
+
+
+def test_memory_urls_share_a_store_by_name() -> None:
+    first = open_store("memory://shared-name")
+    assert isinstance(first, MemoryStore)
+    assert open_store("memory://shared-name") is first
+    assert open_store("memory://other-name") is not first
+
+
+def test_relative_file_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = open_store("file://data/objq")
+    store.put("k", b"v")
+    assert (tmp_path / "data" / "objq" / "k").read_bytes() == b"v"
+
+
+def test_file_keys_stay_inside_the_root(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "root")
+    for key in ("../outside", "a/../../outside", "/tmp/outside", f"{LOCK_DIR}/x", "a\x00"):
+        with pytest.raises(InvalidKey):
+            store.put(key, b"x")
+    assert not (tmp_path / "outside").exists()
+
+
+def test_file_store_leaves_no_temp_files_and_lists_no_internals(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    version = store.write("q/state", b"1", if_absent=True)
+    with pytest.raises(PreconditionFailed):
+        store.write("q/state", b"2", if_absent=True)
+    store.write("q/state", b"3", if_version=version)
+    assert os.listdir(tmp_path / TMP_DIR) == []
+    assert store.list() == ["q/state"]
+    assert (tmp_path / TMP_DIR).is_dir()
+
+
+def test_file_versions_never_repeat_even_in_one_clock_tick(tmp_path: Path) -> None:
+    store = FileStore(tmp_path, fsync=False)
+    versions = {store.write("k", b"same") for _ in range(200)}
+    assert len(versions) == 200
+
+
+def test_file_version_changes_when_inode_is_reused(tmp_path: Path) -> None:
+    store = FileStore(tmp_path, fsync=False)
+    seen = set()
+    for _ in range(50):
+        version = store.write("k", b"x")
+        assert version not in seen
+        seen.add(version)
+        store.delete("k")
+
+
+def test_file_write_where_a_folder_is_gives_a_clear_error(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.put("a/b", b"x")
+    with pytest.raises(Exception, match="key 'a'") as info:
+        store.put("a", b"y")
+    assert "folder" in str(info.value)
