@@ -173,16 +173,16 @@ class AsyncQueue:
                     await task
 
     async def queues(self) -> list[str]:
-        return await _wait(self.sync.submit(lambda s, now: s.queue_names(), fresh=True))
+        return await _wait(self.sync.submit(lambda s, now: s.queue_names(), latest=True))
 
     async def stats(self, queue: str) -> QueueStats:
-        return await _wait(self.sync.submit(lambda s, now: s.stats(queue, now), fresh=True))
+        return await _wait(self.sync.submit(lambda s, now: s.stats(queue, now), latest=True))
 
     async def job(self, job_id: str) -> tuple[str, Job] | None:
-        return await _wait(self.sync.submit(lambda s, now: s.find(job_id, now), fresh=True))
+        return await _wait(self.sync.submit(lambda s, now: s.find(job_id, now), latest=True))
 
     async def dead_letters(self, queue: str) -> list[Job]:
-        return await _wait(self.sync.submit(lambda s, now: s.dead_letters(queue), fresh=True))
+        return await _wait(self.sync.submit(lambda s, now: s.dead_letters(queue), latest=True))
 
     async def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> list[str]:
         chosen = None if ids is None else list(ids)

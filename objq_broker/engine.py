@@ -100,6 +100,7 @@ class _Op:
     fn: Callable[[QueueState, float], Any]
     future: Future[Any]
     fresh: bool
+    latest: bool
     size: int
     consumer: bool
 
@@ -173,17 +174,24 @@ class Engine:
     # --- public ----------------------------------------------------------------------------
 
     def submit(
-        self, fn: Operation[T], *, fresh: bool = False, size: int = 0, consumer: bool = False
+        self,
+        fn: Operation[T],
+        *,
+        fresh: bool = False,
+        latest: bool = False,
+        size: int = 0,
+        consumer: bool = False,
     ) -> Future[T]:
         """Queue ``fn`` for the next commit. ``fresh`` asks for state no older than the
-        staleness bound (claims, reads); ``consumer`` turns on idle lease expiry."""
+        staleness bound (claims); ``latest`` for the state as stored now (inspection);
+        ``consumer`` turns on idle lease expiry."""
         future: Future[T] = Future()
         with self._cv:
             if self._fenced is not None:
                 raise self._fenced
             if self._closing:
                 raise QueueClosed(f"the engine for {self.store.url} is closed")
-            self._pending.append(_Op(fn, future, fresh, size, consumer))
+            self._pending.append(_Op(fn, future, fresh or latest, latest, size, consumer))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"objq-writer {self.store.url}", daemon=True
@@ -192,9 +200,9 @@ class Engine:
             self._cv.notify()
         return future
 
-    def call(self, fn: Operation[T], *, fresh: bool = True, size: int = 0) -> T:
+    def call(self, fn: Operation[T], *, latest: bool = True) -> T:
         """Submit ``fn`` and wait until its effect is durable; return its result."""
-        return self.submit(fn, fresh=fresh, size=size).result()
+        return self.submit(fn, latest=latest).result()
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until everything submitted so far is durable (or failed)."""
@@ -261,7 +269,11 @@ class Engine:
             self._consumer = True
         live = [op for op in batch if op.future.set_running_or_notify_cancel()]
         try:
-            self._commit_with_retries(live, fresh=not batch or any(op.fresh for op in batch))
+            self._commit_with_retries(
+                live,
+                fresh=not batch or any(op.fresh for op in batch),
+                latest=any(op.latest for op in batch),
+            )
         finally:
             self.metrics.batches += 1
             self.metrics.ops += len(batch)
@@ -270,14 +282,14 @@ class Engine:
             for listener in self._commit_listeners:
                 listener()
 
-    def _commit_with_retries(self, live: list[_Op], *, fresh: bool) -> None:
+    def _commit_with_retries(self, live: list[_Op], *, fresh: bool, latest: bool) -> None:
         deadline = time.monotonic() + self.commit_deadline_seconds
         self._uncertain = None
         tries = 0
         while True:
             tries += 1
             try:
-                if self._try_commit(live, fresh):
+                if self._try_commit(live, fresh, latest):
                     return
             except _FATAL as exc:
                 self._invalidate()
@@ -298,10 +310,10 @@ class Engine:
                 pause = min(1.0, 0.005 * 2 ** min(tries, 8)) * (0.5 + self._rng.random())
                 time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
 
-    def _try_commit(self, live: list[_Op], fresh: bool) -> bool:
+    def _try_commit(self, live: list[_Op], fresh: bool, latest: bool) -> bool:
         """One try; True when every op is settled, False to try again at once."""
         uncertain = self._uncertain
-        state = self._load(force=uncertain is not None, fresh=fresh)
+        state = self._load(force=uncertain is not None, fresh=fresh, latest=latest)
         if uncertain is not None:
             self._uncertain = None
             if uncertain.commit_id in state.doc.recent_commits:
@@ -337,10 +349,10 @@ class Engine:
             f"{self.commit_deadline_seconds:g} s; last error: {exc}"
         )
 
-    def _load(self, *, force: bool, fresh: bool) -> QueueState:
-        """The cached state, re-read when unknown, forced, or too old for a fresh op."""
+    def _load(self, *, force: bool, fresh: bool, latest: bool = False) -> QueueState:
+        """The cached state, re-read when unknown, forced, asked for, or too old."""
         stale = time.monotonic() - self._synced_at > self.max_staleness_seconds
-        if self._state is not None and not force and not (fresh and stale):
+        if self._state is not None and not force and not latest and not (fresh and stale):
             return self._state
         blob = self.store.read(self.key)
         self.metrics.state_reads += 1

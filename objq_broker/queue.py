@@ -123,9 +123,13 @@ class Queue:
     # --- futures (shared with AsyncQueue) --------------------------------------------------
 
     def submit(
-        self, fn: Callable[[QueueState, float], T], *, fresh: bool = False, size: int = 0
+        self,
+        fn: Callable[[QueueState, float], T],
+        *,
+        latest: bool = False,
+        size: int = 0,
     ) -> Future[T]:
-        return self.engine.submit(fn, fresh=fresh, size=size)
+        return self.engine.submit(fn, latest=latest, size=size)
 
     def submit_declare(self, queue: str, **config: Any) -> Future[bool]:
         check_queue_name(queue)
@@ -223,7 +227,7 @@ class Queue:
         return self.submit(lambda s, now: s.configure(queue, dict(changes))).result()
 
     def config(self, queue: str) -> QueueConfig:
-        return self.submit(lambda s, now: s.config(queue), fresh=True).result()
+        return self.submit(lambda s, now: s.config(queue), latest=True).result()
 
     def enqueue(
         self,
@@ -366,24 +370,24 @@ class Queue:
     # --- inspecting and operating ----------------------------------------------------------
 
     def queues(self) -> list[str]:
-        return self.submit(lambda s, now: s.queue_names(), fresh=True).result()
+        return self.submit(lambda s, now: s.queue_names(), latest=True).result()
 
     def stats(self, queue: str) -> QueueStats:
-        return self.submit(lambda s, now: s.stats(queue, now), fresh=True).result()
+        return self.submit(lambda s, now: s.stats(queue, now), latest=True).result()
 
     def job(self, job_id: str) -> tuple[str, Job] | None:
         """A job's state ('ready', 'delayed', 'in-flight', 'dead') and record, if in the state."""
-        return self.submit(lambda s, now: s.find(job_id, now), fresh=True).result()
+        return self.submit(lambda s, now: s.find(job_id, now), latest=True).result()
 
     def jobs(
         self, queue: str, *, state: str | None = None, limit: int | None = None
     ) -> list[tuple[str, Job]]:
         return self.submit(
-            lambda s, now: s.list_jobs(queue, now, state, limit), fresh=True
+            lambda s, now: s.list_jobs(queue, now, state, limit), latest=True
         ).result()
 
     def dead_letters(self, queue: str) -> list[Job]:
-        return self.submit(lambda s, now: s.dead_letters(queue), fresh=True).result()
+        return self.submit(lambda s, now: s.dead_letters(queue), latest=True).result()
 
     def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> list[str]:
         """Move dead letters (all, or these ids) back to the queue with fresh attempts."""
@@ -403,7 +407,7 @@ class Queue:
 
     def expire(self) -> int:
         """Return stale leases to their queues now (commits also do this on their own)."""
-        return self.submit(lambda s, now: s.expire(now), fresh=True).result()
+        return self.submit(lambda s, now: s.expire(now), latest=True).result()
 
     def metrics(self) -> EngineMetrics:
         return self.engine.metrics

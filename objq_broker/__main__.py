@@ -1,0 +1,5 @@
+"""``python -m objq_broker``: the demo run."""
+
+from objq_broker.demo import main
+
+main()

@@ -1,0 +1,217 @@
+"""The group-commit engine: batching, conflicts, storage faults, corrupt state, archive."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from objq_broker import Queue
+from objq_broker.engine import STATE_KEY, Engine
+from objq_broker.errors import LeaseLost, QueueNotFound, StateCorrupt, StorageError
+from objq_broker.records import decode_archive, decode_state
+from objq_broker.storage import MemoryStore, open_store
+from objq_broker.storage.faulty import FaultyStore
+
+
+def test_concurrent_enqueues_share_commits() -> None:
+    store = MemoryStore("batching")
+    with Queue(store=store) as queue:
+        queue.declare("q")
+        barrier = threading.Barrier(20)
+
+        def produce() -> None:
+            barrier.wait()
+            for _ in range(50):
+                queue.enqueue("q", b"x")
+
+        threads = [threading.Thread(target=produce) for _ in range(20)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert queue.stats("q").ready == 1000
+        metrics = queue.metrics()
+        # Given 20 producers, When they enqueue at once, Then commits carry several ops each.
+        assert metrics.state_writes < 1000
+        assert metrics.max_batch_ops > 1
+
+
+def test_a_batch_that_changes_nothing_writes_nothing() -> None:
+    store = MemoryStore("noop")
+    with Queue(store=store) as queue:
+        queue.declare("q")
+        writes = queue.metrics().state_writes
+        for _ in range(20):
+            assert queue.claim("q", 5) == []
+            queue.stats("q")
+        assert queue.metrics().state_writes == writes
+
+
+def test_one_refused_op_fails_alone() -> None:
+    with Queue(store=MemoryStore("alone")) as queue:
+        queue.enqueue("q", b"a")
+        [delivery] = queue.claim("q")
+        queue.ack(delivery)
+        stale = queue.submit_ack(delivery)
+        fresh = queue.submit_enqueue("q", [b"b"])
+        with pytest.raises(LeaseLost):
+            stale.result()
+        assert len(fresh.result()) == 1
+        with pytest.raises(QueueNotFound):
+            queue.stats("nope")
+
+
+def test_two_writers_conflict_and_lose_nothing(tmp_path: Path) -> None:
+    url = tmp_path.as_uri()
+    first, second = Queue(url), Queue(url)
+    try:
+
+        def produce(queue: Queue, tag: str) -> None:
+            for n in range(100):
+                queue.enqueue("q", f"{tag}{n}".encode())
+
+        threads = [
+            threading.Thread(target=produce, args=(first, "a")),
+            threading.Thread(target=produce, args=(second, "b")),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        payloads = sorted(j.payload for _, j in first.jobs("q"))
+        expected = sorted(
+            [f"a{n}".encode() for n in range(100)] + [f"b{n}".encode() for n in range(100)]
+        )
+        assert payloads == expected
+        assert first.metrics().conflicts + second.metrics().conflicts > 0
+    finally:
+        first.close()
+        second.close()
+
+
+def test_landed_but_failed_write_does_not_duplicate_an_enqueue() -> None:
+    faulty = FaultyStore(MemoryStore("landed"), seed=1)
+    with Queue(store=faulty) as queue:
+        queue.declare("q")
+        faulty.fail_next(1, landed=True)
+        job = queue.enqueue("q", b"once")
+        assert faulty.counts.landed_then_failed == 1
+        jobs = queue.jobs("q")
+        assert [j.id for _, j in jobs] == [job.id]
+
+
+def test_landed_but_failed_write_does_not_lose_an_ack() -> None:
+    faulty = FaultyStore(MemoryStore("landed-ack"), seed=2)
+    with Queue(store=faulty) as queue:
+        queue.enqueue("q", b"work")
+        [delivery] = queue.claim("q")
+        faulty.fail_next(1, landed=True)
+        queue.ack(delivery)
+        assert queue.stats("q").in_flight == 0
+        assert queue.jobs("q") == []
+
+
+def test_failed_write_that_did_not_land_is_retried() -> None:
+    faulty = FaultyStore(MemoryStore("not-landed"), seed=3)
+    with Queue(store=faulty) as queue:
+        queue.declare("q")
+        faulty.fail_next(3, landed=False)
+        queue.enqueue("q", b"x")
+        assert queue.stats("q").ready == 1
+        assert faulty.counts.errors == 3
+
+
+def test_storage_down_past_the_deadline_fails_the_ops_and_reports_no_success() -> None:
+    faulty = FaultyStore(MemoryStore("down"), seed=4, error_rate=1.0)
+    with Queue(store=faulty, commit_deadline_seconds=0.3) as queue:
+        with pytest.raises(StorageError, match="gave up after"):
+            queue.enqueue("q", b"x")
+    assert faulty.inner.read(STATE_KEY) is None
+
+
+@pytest.mark.parametrize(
+    "garbage", [b"not json at all", b'{"format": 99, "jobs": []}', b'{"format": 1, "jobs": 7}']
+)
+def test_corrupt_state_fails_every_op_and_is_never_overwritten(
+    tmp_path: Path, garbage: bytes
+) -> None:
+    store = open_store(tmp_path.as_uri())
+    store.put(STATE_KEY, garbage)
+    with Queue(store=store) as queue:
+        for call in (
+            lambda: queue.enqueue("q", b"x"),
+            lambda: queue.claim("q"),
+            lambda: queue.stats("q"),
+            lambda: queue.declare("q"),
+        ):
+            with pytest.raises(StateCorrupt, match=r"state\.json") as info:
+                call()
+            assert "will not be overwritten" in str(info.value)
+    assert (tmp_path / STATE_KEY).read_bytes() == garbage
+
+
+def test_finished_jobs_are_archived_before_leaving_the_state() -> None:
+    store = MemoryStore("archive")
+    with Queue(store=store) as queue:
+        queue.enqueue("q", b"ok")
+        queue.enqueue("q", b"bad", max_attempts=1)
+        first, second = queue.claim("q", 2)
+        queue.ack(first)
+        queue.nack(second, error="boom")
+    keys = store.list("archive/")
+    records = [r for key in keys for r in decode_archive(store.get(key), key)]
+    assert sorted((r.outcome, r.job.payload) for r in records) == [
+        ("dead", b"bad"),
+        ("done", b"ok"),
+    ]
+    assert all(r.job.finished_at is not None for r in records)
+    state = decode_state(store.get(STATE_KEY), "state")
+    assert [job.payload for job in state.dead] == [b"bad"]
+    assert state.jobs == []
+
+
+def test_archive_can_be_turned_off() -> None:
+    store = MemoryStore("no-archive")
+    with Queue(store=store, archive=False) as queue:
+        queue.enqueue("q", b"ok")
+        [delivery] = queue.claim("q")
+        queue.ack(delivery)
+    assert store.list("archive/") == []
+
+
+def test_state_version_is_monotonic_and_recent_commits_bounded() -> None:
+    store = MemoryStore("versions")
+    with Queue(store=store) as queue:
+        seen = []
+        for n in range(70):
+            queue.enqueue("q", str(n).encode())
+            seen.append(decode_state(store.get(STATE_KEY), "state").version)
+    assert seen == sorted(set(seen))
+    assert len(decode_state(store.get(STATE_KEY), "state").recent_commits) == 64
+
+
+def test_stale_leases_expire_on_the_idle_timer() -> None:
+    with Queue(store=MemoryStore("idle"), idle_tick_seconds=0.05) as queue:
+        queue.enqueue("q", b"x")
+        [delivery] = queue.claim("q", lease=0.1)
+        with queue._arrivals:
+            queue._arrivals.wait_for(lambda: queue.stats("q").ready == 1, timeout=5)
+        assert queue.stats("q").ready == 1
+        with pytest.raises(LeaseLost):
+            queue.ack(delivery)
+
+
+def test_writer_with_an_older_epoch_is_fenced() -> None:
+    store = MemoryStore("fencing")
+    new = Engine(store, epoch=2)
+    new.call(lambda state, now: state.declare("q"))
+    new.close()
+    with Queue(store=store, epoch=1) as old:
+        from objq_broker.errors import WriterFenced
+
+        with pytest.raises(WriterFenced, match="epoch 2"):
+            old.enqueue("q", b"x")
+        with pytest.raises(WriterFenced):
+            old.enqueue("q", b"y")
