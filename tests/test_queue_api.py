@@ -1,0 +1,190 @@
+"""Queue and AsyncQueue as a user drives them."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from objq_broker import AsyncQueue, ConfigurationError, LeaseLost, Queue
+from objq_broker.errors import QueueClosed
+from objq_broker.storage import MemoryStore
+
+
+@pytest.fixture
+def queue() -> Iterator[Queue]:
+    q = Queue(store=MemoryStore("api"))
+    yield q
+    q.close()
+
+
+def test_priority_then_fifo(queue: Queue) -> None:
+    for payload, priority in [(b"low-1", 5), (b"high-1", 0), (b"low-2", 5), (b"high-2", 0)]:
+        queue.enqueue("q", payload, priority=priority)
+    order = [d.payload for d in queue.claim("q", 4)]
+    assert order == [b"high-1", b"high-2", b"low-1", b"low-2"]
+
+
+def test_delayed_job_waits_until_due(queue: Queue) -> None:
+    queue.enqueue("q", b"later", delay=timedelta(milliseconds=300))
+    assert queue.claim("q") == []
+    assert queue.stats("q").delayed == 1
+    [delivery] = queue.claim("q", timeout=5)
+    assert delivery.payload == b"later"
+
+
+def test_claim_with_timeout_wakes_on_a_local_enqueue(queue: Queue) -> None:
+    queue.declare("q")
+    timer = threading.Timer(0.2, lambda: queue.enqueue("q", b"x"))
+    timer.start()
+    started = time.monotonic()
+    found = queue.claim("q", timeout=10)
+    timer.join()
+    assert [d.payload for d in found] == [b"x"]
+    assert time.monotonic() - started < 5
+
+
+def test_nack_retries_with_backoff_then_dead_letters(queue: Queue) -> None:
+    queue.declare("q", max_attempts=2, backoff_base_seconds=0.05, backoff_cap_seconds=0.1)
+    queue.enqueue("q", b"flaky")
+    [first] = queue.claim("q")
+    assert queue.nack(first, error="boom 1") == "retry"
+    stats = queue.stats("q")
+    assert stats.delayed + stats.ready == 1
+    [second] = queue.claim("q", timeout=5)
+    assert second.job.attempts == 2
+    assert queue.nack(second, error="boom 2") == "dead"
+    [dead] = queue.dead_letters("q")
+    assert (dead.payload, dead.error, dead.attempts) == (b"flaky", "boom 2", 2)
+    assert queue.retry_dead("q") == [dead.id]
+    [again] = queue.claim("q")
+    assert again.job.attempts == 1
+    queue.ack(again)
+    assert queue.stats("q").dead == 0
+
+
+def test_stale_token_cannot_ack_the_new_holders_delivery(queue: Queue) -> None:
+    queue.enqueue("q", b"x")
+    [old] = queue.claim("q", lease=0.05, owner="slow")
+    time.sleep(0.1)
+    [new] = queue.claim("q", owner="fast")
+    assert new.id == old.id and new.token != old.token
+    with pytest.raises(LeaseLost):
+        queue.ack(old)
+    with pytest.raises(LeaseLost):
+        queue.nack(old)
+    queue.ack(new)
+
+
+def test_keep_alive_holds_a_long_job(queue: Queue) -> None:
+    queue.enqueue("q", b"long")
+    [delivery] = queue.claim("q", lease=0.2)
+    with queue.keep_alive([delivery], every=0.05):
+        time.sleep(0.6)
+        assert queue.claim("q") == []
+    queue.ack(delivery)
+
+
+def test_release_returns_jobs_without_an_attempt(queue: Queue) -> None:
+    queue.enqueue_many("q", [b"a", b"b"])
+    deliveries = queue.claim("q", 2)
+    queue.release(deliveries)
+    again = queue.claim("q", 2)
+    assert [d.payload for d in again] == [b"a", b"b"]
+    assert [d.job.attempts for d in again] == [1, 1]
+
+
+def test_idempotent_enqueue(queue: Queue) -> None:
+    first = queue.enqueue("q", b"charge", key="order-7")
+    second = queue.enqueue("q", b"charge", key="order-7")
+    assert second.id == first.id
+    assert queue.stats("q").ready == 1
+
+
+def test_heartbeat_reports_lost_leases(queue: Queue) -> None:
+    queue.enqueue_many("q", [b"a", b"b"])
+    held, lost = queue.claim("q", 2)
+    queue.ack(lost)
+    assert queue.heartbeat([held, lost]) == [True, False]
+
+
+def test_unacked_wait_false_ops_are_durable_after_flush(tmp_path: Path) -> None:
+    url = tmp_path.as_uri()
+    with Queue(url) as producer:
+        producer.enqueue_many("q", [b"x"] * 50)
+        deliveries = producer.claim("q", 50)
+        for delivery in deliveries:
+            producer.ack(delivery, wait=False)
+    with Queue(url) as reader:
+        assert reader.stats("q").in_flight == 0
+        assert reader.jobs("q") == []
+
+
+def test_bad_arguments_are_refused_clearly(queue: Queue) -> None:
+    with pytest.raises(ConfigurationError, match="expected payload bytes, found str"):
+        queue.enqueue("q", "text")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="queue name"):
+        queue.enqueue("a/b", b"x")
+    with pytest.raises(ConfigurationError, match="n must be >= 1"):
+        queue.claim("q", 0)
+    with pytest.raises(ConfigurationError, match="unknown setting"):
+        queue.declare("q2")
+        queue.configure("q2", colour=1)
+    with pytest.raises(ConfigurationError, match="expected a URL"):
+        Queue()
+
+
+def test_url_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("OBJQ_URL", tmp_path.as_uri())
+    with Queue() as q:
+        q.enqueue("q", b"x")
+    assert (tmp_path / "state.json").exists()
+
+
+def test_store_and_url_together_are_refused() -> None:
+    with pytest.raises(ConfigurationError, match="one way to name the store"):
+        Queue("memory://x", store=MemoryStore("y"))
+
+
+def test_closed_queue_refuses_work() -> None:
+    q = Queue(store=MemoryStore("closed"))
+    q.enqueue("q", b"x")
+    q.close()
+    with pytest.raises(QueueClosed):
+        q.enqueue("q", b"y")
+
+
+def test_async_queue_round_trip(tmp_path: Path) -> None:
+    async def scenario() -> list[bytes]:
+        async with AsyncQueue(tmp_path.as_uri()) as q:
+            await q.declare("q", max_attempts=1)
+            await q.enqueue_many("q", [b"a", b"b", b"c"])
+            got = await q.claim("q", 3, timeout=2)
+            async with q.keep_alive(got[:1], every=0.05):
+                await asyncio.sleep(0.1)
+            await q.ack(got[0])
+            assert await q.nack(got[1], error="x") == "dead"
+            await q.release(got[2:])
+            stats = await q.stats("q")
+            assert (stats.ready, stats.dead, stats.in_flight) == (1, 1, 0)
+            assert [j.payload for j in await q.dead_letters("q")] == [b"b"]
+            assert await q.purge_dead("q") == 1
+            return [d.payload for d in got]
+
+    assert asyncio.run(scenario()) == [b"a", b"b", b"c"]
+
+
+def test_async_claim_timeout_returns_empty(tmp_path: Path) -> None:
+    async def scenario() -> float:
+        async with AsyncQueue(tmp_path.as_uri(), poll_seconds=0.05) as q:
+            await q.declare("q")
+            started = time.monotonic()
+            assert await q.claim("q", timeout=0.2) == []
+            return time.monotonic() - started
+
+    assert asyncio.run(scenario()) >= 0.2
