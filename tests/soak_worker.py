@@ -11,9 +11,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from objq_broker import Queue  # noqa: E402
-from objq_broker.storage import open_store  # noqa: E402
-from objq_broker.storage.faulty import FaultyStore  # noqa: E402
+from objq_broker import Queue
+from objq_broker.storage import open_store
+from objq_broker.storage.faulty import FaultyStore
 
 QUEUE = "soak"
 

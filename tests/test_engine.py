@@ -125,9 +125,10 @@ def test_failed_write_that_did_not_land_is_retried() -> None:
 
 def test_storage_down_past_the_deadline_fails_the_ops_and_reports_no_success() -> None:
     faulty = FaultyStore(MemoryStore("down"), seed=4, error_rate=1.0)
-    with Queue(store=faulty, commit_deadline_seconds=0.3) as queue:
-        with pytest.raises(StorageError, match="gave up after"):
-            queue.enqueue("q", b"x")
+    queue = Queue(store=faulty, commit_deadline_seconds=0.3)
+    with pytest.raises(StorageError, match="gave up after"):
+        queue.enqueue("q", b"x")
+    queue.close()
     assert faulty.inner.read(STATE_KEY) is None
 
 

@@ -98,7 +98,8 @@ def run_soak(url: str, tmp_path: Path, jobs: int, faults: float = 0.0) -> dict[s
     expected = {f"p{p}-{i}" for p in range(PRODUCERS) for i in range(per_producer)}
     assert set(delivered) == expected, f"lost {len(expected - set(delivered))} jobs"
     duplicates = sum(count - 1 for count in delivered.values())
-    print(f"\nsoak {url.split(':')[0]}: {len(expected)} jobs, {duplicates} duplicate deliveries")
+    backend = url.split(":", maxsplit=1)[0]
+    print(f"\nsoak {backend}: {len(expected)} jobs, {duplicates} duplicate deliveries")
     return {"jobs": len(expected), "delivered": sum(delivered.values()), "duplicates": duplicates}
 
 
