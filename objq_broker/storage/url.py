@@ -64,9 +64,11 @@ def _collect_options(
     options: dict[str, Any] = {}
     for name, raw in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
         if name not in allowed or name == "client":
+            in_query = sorted(set(allowed) - {"client"})
             raise ConfigurationError(
                 f"storage URL {url!r}: unknown option {name!r} for {scheme}://; "
-                f"accepted: {', '.join(sorted(allowed)) or 'none'}"
+                f"accepted: {', '.join(in_query) or 'none'}"
+                + (" (and client= as a keyword)" if "client" in allowed else "")
             )
         try:
             options[name] = allowed[name](raw)
