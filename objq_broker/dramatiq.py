@@ -1,0 +1,366 @@
+"""A Dramatiq broker on objq: change the broker line, keep every actor and middleware.
+
+>>> import dramatiq
+>>> from objq_broker.dramatiq import ObjqBroker
+>>> broker = ObjqBroker(url="memory://dramatiq-doc")
+>>> dramatiq.set_broker(broker)
+
+Mapping onto objq:
+
+* Each Dramatiq queue ``Q`` is an objq queue ``Q``, and its delay queue ``Q.DQ`` another.
+  A delayed message waits in storage (``visible_at`` = its ETA), so the worker's delay
+  consumer only ever receives messages that are due and holds nothing in memory for long.
+* Prefetch is one batched claim. A consumer's messages, prefetched and running, are
+  leases; one heartbeat per broker per interval extends all of them, so a long task is never
+  redelivered while its worker lives, and a killed worker's messages come back once their
+  lease runs out.
+* ``nack`` means dead-letter (Dramatiq's meaning); dead letters are kept for
+  ``dead_message_ttl`` milliseconds. ``requeue`` (worker shutdown) releases without counting
+  an attempt. Acks return once submitted and are durable with the next commit: a lost ack
+  only means one more delivery.
+* Priority comes from the ``broker_priority`` option (higher runs first, as with RabbitMQ).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+try:
+    import dramatiq
+    from dramatiq.common import current_millis, dq_name
+    from dramatiq.errors import ConnectionClosed, QueueJoinTimeout, QueueNotFound
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
+    raise ModuleNotFoundError(
+        "objq_broker.dramatiq needs Dramatiq: pip install 'objq-broker[dramatiq]'"
+    ) from exc
+
+from objq_broker.errors import QueueClosed, StorageError
+from objq_broker.queue import Delivery, Queue
+from objq_broker.storage import ObjectStore
+
+T = TypeVar("T")
+log = logging.getLogger("objq_broker.dramatiq")
+
+#: A message is redelivered this long after its worker stopped heartbeating it.
+DEFAULT_LEASE_SECONDS = 30.0
+#: Dead-lettered messages are kept a week, as with Dramatiq's Redis and RabbitMQ brokers.
+DEFAULT_DEAD_MESSAGE_TTL_MS = 7 * 24 * 3600 * 1000
+#: How many lease expiries (killed workers) a message survives before it is dead-lettered.
+DEFAULT_MAX_DELIVERIES = 20
+#: How many actor exceptions the broker remembers for ``join(fail_fast=True)``.
+_REMEMBERED_FAILURES = 1000
+
+
+@contextlib.contextmanager
+def _connection_errors() -> Iterator[None]:
+    """Storage trouble is a broker connection error to Dramatiq: its workers retry those."""
+    try:
+        yield
+    except (StorageError, QueueClosed) as exc:
+        raise ConnectionClosed(exc) from exc
+
+
+class ObjqBroker(dramatiq.Broker):
+    """A Dramatiq broker whose queues live in object storage.
+
+    Parameters:
+      url: storage URL (``file:///var/lib/objq``, ``s3://bucket/prefix``, ...); defaults to
+        ``$OBJQ_URL``.
+      store: an already opened :class:`~objq_broker.storage.ObjectStore` instead of a URL.
+      queue: an existing :class:`~objq_broker.queue.Queue` to share (instead of url/store).
+      lease_seconds: how long a message stays invisible without a heartbeat.
+      heartbeat_seconds: how often held messages' leases are extended (lease / 3).
+      dead_message_ttl: how long dead letters are kept, in milliseconds.
+      middleware: as for any Dramatiq broker.
+      **options: engine and storage options, as for ``Queue(url, **options)``.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        store: ObjectStore | None = None,
+        queue: Queue | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        heartbeat_seconds: float | None = None,
+        dead_message_ttl: int = DEFAULT_DEAD_MESSAGE_TTL_MS,
+        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        middleware: list[dramatiq.Middleware] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(middleware=middleware)
+        if queue is not None and (url is not None or store is not None or options):
+            from objq_broker.errors import ConfigurationError
+
+            raise ConfigurationError(
+                "ObjqBroker: got queue= together with a URL, store= or options; expected one"
+            )
+        self.client = queue if queue is not None else Queue(url, store=store, **options)
+        self.queues: set[str] = set()
+        self.lease_seconds = lease_seconds
+        self.heartbeat_seconds = heartbeat_seconds or lease_seconds / 3.0
+        self.dead_message_ttl = dead_message_ttl
+        self.max_deliveries = max_deliveries
+        self.actor_options.add("broker_priority")
+        self._consumers: weakref.WeakSet[_ObjqConsumer] = weakref.WeakSet()
+        self._failures: collections.OrderedDict[str, BaseException] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    @property
+    def consumer_class(self) -> type[_ObjqConsumer]:
+        return _ObjqConsumer
+
+    # --- the broker interface --------------------------------------------------------------
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> dramatiq.Consumer:
+        if queue_name not in self.queues and queue_name not in self.delay_queues:
+            raise QueueNotFound(queue_name)
+        consumer = self.consumer_class(self, queue_name, prefetch, timeout)
+        with self._lock:
+            self._consumers.add(consumer)
+            if self._heartbeat is None:
+                self._heartbeat = threading.Thread(
+                    target=self._beat, name="objq-dramatiq-heartbeat", daemon=True
+                )
+                self._heartbeat.start()
+        return consumer
+
+    def declare_queue(self, queue_name: str) -> None:
+        if queue_name in self.queues:
+            return
+        self.emit_before("declare_queue", queue_name)
+        settings = {
+            "lease_seconds": self.lease_seconds,
+            "max_attempts": self.max_deliveries,
+            "dead_ttl_seconds": self.dead_message_ttl / 1000.0,
+        }
+        delayed = dq_name(queue_name)
+        with _connection_errors():
+            self.client.declare(queue_name, **settings)
+            self.client.declare(delayed, **settings)
+        self.queues.add(queue_name)
+        self.emit_after("declare_queue", queue_name)
+        self.delay_queues.add(delayed)
+        self.emit_after("declare_delay_queue", delayed)
+
+    def enqueue(
+        self, message: dramatiq.Message[Any], *, delay: int | None = None
+    ) -> dramatiq.Message[Any]:
+        queue_name = message.queue_name
+        if delay is not None:
+            queue_name = dq_name(queue_name)
+            message = message.copy(queue_name=queue_name, options={"eta": current_millis() + delay})
+        if queue_name not in self.queues and queue_name not in self.delay_queues:
+            raise QueueNotFound(queue_name)
+        self.emit_before("enqueue", message, delay)
+        with _connection_errors():
+            self.client.enqueue(
+                queue_name,
+                message.encode(),
+                priority=-self._broker_priority(message),
+                delay=None if delay is None else max(delay, 0) / 1000.0,
+            )
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    def _broker_priority(self, message: dramatiq.Message[Any]) -> int:
+        priority = message.options.get("broker_priority")
+        if priority is None and message.actor_name in self.actors:
+            priority = self.actors[message.actor_name].options.get("broker_priority")
+        return int(priority or 0)
+
+    def get_declared_queues(self) -> set[str]:
+        return set(self.queues)
+
+    def get_declared_delay_queues(self) -> set[str]:
+        return set(self.delay_queues)
+
+    def flush(self, queue_name: str) -> None:
+        """Drop the queue's waiting messages (and its delay queue's)."""
+        with _connection_errors():
+            for name in (queue_name, dq_name(queue_name)):
+                if name in self.queues or name in self.delay_queues:
+                    self.client.purge(name)
+
+    def flush_all(self) -> None:
+        """Drop every waiting message and every dead letter of the declared queues."""
+        with _connection_errors():
+            for name in self.queues | self.delay_queues:
+                self.client.purge(name)
+                self.client.purge_dead(name)
+        with self._lock:
+            self._failures.clear()
+
+    def join(
+        self,
+        queue_name: str,
+        *,
+        timeout: int | None = None,
+        fail_fast: bool = False,
+        interval: int = 10,
+    ) -> None:
+        """Wait until the queue and its delay queue are empty and nothing is in flight.
+
+        With ``fail_fast``, re-raise the exception of a message of this queue that was
+        dead-lettered by this process (as Dramatiq's StubBroker does in tests).
+        """
+        if queue_name not in self.queues:
+            raise QueueNotFound(queue_name)
+        deadline = None if timeout is None else time.monotonic() + timeout / 1000.0
+        names = (queue_name, dq_name(queue_name))
+        while True:
+            with _connection_errors():
+                self.client.flush()
+                busy = any(self._busy(name) for name in names)
+            if not busy:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise QueueJoinTimeout(queue_name)
+            time.sleep(interval / 1000.0)
+        if fail_fast:
+            self._raise_failure(queue_name)
+
+    def _busy(self, name: str) -> bool:
+        stats = self.client.stats(name)
+        return stats.ready + stats.delayed + stats.in_flight > 0
+
+    def _raise_failure(self, queue_name: str) -> None:
+        for message in self.dead_letters_of(queue_name):
+            with self._lock:
+                failure = self._failures.get(message.message_id)
+            raise failure or Exception("Message failed with unknown error") from None
+
+    @property
+    def dead_letters(self) -> list[dramatiq.Message[Any]]:
+        """The dead-lettered messages of every declared queue, oldest first."""
+        return [m for name in sorted(self.queues) for m in self.dead_letters_of(name)]
+
+    def dead_letters_of(self, queue_name: str) -> list[dramatiq.Message[Any]]:
+        with _connection_errors():
+            jobs = [
+                *self.client.dead_letters(queue_name),
+                *self.client.dead_letters(dq_name(queue_name)),
+            ]
+        return [dramatiq.Message.decode(job.payload) for job in jobs]
+
+    def close(self) -> None:
+        self._stop.set()
+        for consumer in list(self._consumers):
+            consumer.close()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
+        self.client.close()
+
+    # --- bookkeeping for consumers ---------------------------------------------------------
+
+    def _remember_failure(self, message_id: str, exc: BaseException | None) -> None:
+        if exc is None:
+            return
+        with self._lock:
+            self._failures[message_id] = exc
+            while len(self._failures) > _REMEMBERED_FAILURES:
+                self._failures.popitem(last=False)
+
+    def _beat(self) -> None:
+        """Extend every lease this process holds, in one operation per interval."""
+        while not self._stop.wait(self.heartbeat_seconds):
+            held = [d for consumer in list(self._consumers) for d in consumer.held()]
+            if not held:
+                continue
+            try:
+                alive = self.client.heartbeat(held, lease=self.lease_seconds)
+            except Exception as exc:  # keep beating: storage may come back before leases end
+                log.warning("heartbeat of %d messages failed: %s", len(held), exc)
+                continue
+            lost = [d.id for d, ok in zip(held, alive or [], strict=False) if not ok]
+            if lost:
+                log.warning("lost the leases of %d messages: %s", len(lost), lost[:10])
+
+
+class _ObjqMessageProxy(dramatiq.MessageProxy):
+    """A message and the lease it was delivered under (kept off ``message.options``)."""
+
+    def __init__(self, message: dramatiq.Message[Any], delivery: Delivery) -> None:
+        super().__init__(message)
+        self._delivery = delivery
+
+
+class _ObjqConsumer(dramatiq.Consumer):
+    def __init__(self, broker: ObjqBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+        self.broker = broker
+        self.client = broker.client
+        self.queue_name = queue_name
+        self.prefetch = prefetch
+        self.timeout = timeout
+        self._cache: collections.deque[Delivery] = collections.deque()
+        self._running: dict[str, Delivery] = {}  # lease token -> delivery handed to the worker
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def held(self) -> list[Delivery]:
+        with self._lock:
+            return [*self._cache, *self._running.values()]
+
+    def _done(self, message: dramatiq.MessageProxy) -> Delivery:
+        delivery: Delivery = message._delivery
+        with self._lock:
+            self._running.pop(delivery.token, None)
+        return delivery
+
+    def ack(self, message: dramatiq.MessageProxy) -> None:
+        delivery = self._done(message)
+        with _connection_errors():
+            self.client.ack(delivery, wait=False)
+
+    def nack(self, message: dramatiq.MessageProxy) -> None:
+        delivery = self._done(message)
+        exc = message._exception
+        self.broker._remember_failure(message.message_id, exc)
+        error = None if exc is None else f"{type(exc).__name__}: {exc}"
+        with _connection_errors():
+            self.client.nack(delivery, error=error, retry=False, wait=False)
+
+    def requeue(self, messages: Iterable[dramatiq.MessageProxy]) -> None:
+        deliveries = [self._done(m) for m in messages]
+        if deliveries:
+            with _connection_errors():
+                self.client.release(deliveries)
+
+    def __next__(self) -> dramatiq.MessageProxy | None:
+        with self._lock:
+            delivery = self._cache.popleft() if self._cache else None
+            room = self.prefetch - len(self._running) - len(self._cache)
+        if delivery is None and room > 0 and not self._closed:
+            with _connection_errors():
+                found = self.client.claim(self.queue_name, room, timeout=self.timeout / 1000.0)
+            with self._lock:
+                self._cache.extend(found)
+                delivery = self._cache.popleft() if self._cache else None
+        elif delivery is None:
+            time.sleep(self.timeout / 1000.0)  # prefetch is full: let the workers catch up
+        if delivery is None:
+            return None
+        with self._lock:
+            self._running[delivery.token] = delivery
+        return _ObjqMessageProxy(dramatiq.Message.decode(delivery.payload), delivery)
+
+    def close(self) -> None:
+        """Give back prefetched messages that never reached a worker thread."""
+        with self._lock:
+            self._closed = True
+            unstarted = list(self._cache)
+            self._cache.clear()
+        if unstarted:
+            try:
+                self.client.release(unstarted, wait=False)
+            except (StorageError, QueueClosed) as exc:
+                log.warning("could not release %d prefetched messages: %s", len(unstarted), exc)
