@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
@@ -41,7 +42,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
         "objq_broker.dramatiq needs Dramatiq: pip install 'objq-broker[dramatiq]'"
     ) from exc
 
-from objq_broker.errors import QueueClosed, StorageError
+from objq_broker.errors import ConfigurationError, QueueClosed, StorageError
 from objq_broker.queue import Delivery, Queue
 from objq_broker.storage import ObjectStore
 
@@ -54,8 +55,23 @@ DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_DEAD_MESSAGE_TTL_MS = 7 * 24 * 3600 * 1000
 #: How many lease expiries (killed workers) a message survives before it is dead-lettered.
 DEFAULT_MAX_DELIVERIES = 20
+#: Environment variable for ``lease_seconds`` (read when the broker is built).
+LEASE_ENV = "OBJQ_LEASE_SECONDS"
 #: How many actor exceptions the broker remembers for ``join(fail_fast=True)``.
 _REMEMBERED_FAILURES = 1000
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ConfigurationError(f"${name}: expected a positive number of seconds, found {raw!r}")
+    return value
 
 
 @contextlib.contextmanager
@@ -75,7 +91,8 @@ class ObjqBroker(dramatiq.Broker):
         ``$OBJQ_URL``.
       store: an already opened :class:`~objq_broker.storage.ObjectStore` instead of a URL.
       queue: an existing :class:`~objq_broker.queue.Queue` to share (instead of url/store).
-      lease_seconds: how long a message stays invisible without a heartbeat.
+      lease_seconds: how long a message stays invisible without a heartbeat; defaults to
+        ``$OBJQ_LEASE_SECONDS``, else 30.
       heartbeat_seconds: how often held messages' leases are extended (lease / 3).
       dead_message_ttl: how long dead letters are kept, in milliseconds.
       middleware: as for any Dramatiq broker.
@@ -88,7 +105,7 @@ class ObjqBroker(dramatiq.Broker):
         *,
         store: ObjectStore | None = None,
         queue: Queue | None = None,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        lease_seconds: float | None = None,
         heartbeat_seconds: float | None = None,
         dead_message_ttl: int = DEFAULT_DEAD_MESSAGE_TTL_MS,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
@@ -97,15 +114,13 @@ class ObjqBroker(dramatiq.Broker):
     ) -> None:
         super().__init__(middleware=middleware)
         if queue is not None and (url is not None or store is not None or options):
-            from objq_broker.errors import ConfigurationError
-
             raise ConfigurationError(
                 "ObjqBroker: got queue= together with a URL, store= or options; expected one"
             )
         self.client = queue if queue is not None else Queue(url, store=store, **options)
         self.queues: set[str] = set()
-        self.lease_seconds = lease_seconds
-        self.heartbeat_seconds = heartbeat_seconds or lease_seconds / 3.0
+        self.lease_seconds = lease_seconds or _env_seconds(LEASE_ENV, DEFAULT_LEASE_SECONDS)
+        self.heartbeat_seconds = heartbeat_seconds or self.lease_seconds / 3.0
         self.dead_message_ttl = dead_message_ttl
         self.max_deliveries = max_deliveries
         self.actor_options.add("broker_priority")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
 
 from objq_broker.errors import ConfigurationError, InvalidKey
 
@@ -120,3 +121,26 @@ def check_write_mode(if_version: str | None, if_absent: bool, where: str) -> Non
 def join_key(prefix: str, key: str) -> str:
     """Join a store's key prefix (possibly '') and a key with one '/'."""
     return f"{prefix}/{key}" if prefix else key
+
+
+def clean_prefix(prefix: str, where: str) -> str:
+    """Return a bucket prefix without surrounding '/', refusing one that is not a valid key."""
+    if not isinstance(prefix, str):
+        raise ConfigurationError(f"{where}: expected a string prefix, found {prefix!r}")
+    cleaned = prefix.strip("/")
+    if cleaned:
+        try:
+            check_key(cleaned, f"{where}, prefix {cleaned!r}")
+        except InvalidKey as exc:
+            raise ConfigurationError(str(exc)) from exc
+    return cleaned
+
+
+def without_userinfo(endpoint_url: str) -> str:
+    """Drop any ``user:password@`` from an endpoint URL, so a store's ``url`` shows no secret."""
+    parts = urlsplit(endpoint_url)
+    if parts.username is None and parts.password is None:
+        return endpoint_url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urlunsplit(parts._replace(netloc=netloc))

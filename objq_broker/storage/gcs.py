@@ -25,19 +25,26 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode
 
 from objq_broker.errors import (
     AccessDenied,
     BucketNotFound,
     ConfigurationError,
-    InvalidKey,
     ObjectNotFound,
     PreconditionFailed,
     StorageError,
     StorageUnavailable,
 )
-from objq_broker.storage.base import Blob, check_key, check_prefix, check_write_mode, join_key
+from objq_broker.storage.base import (
+    Blob,
+    check_key,
+    check_prefix,
+    check_write_mode,
+    clean_prefix,
+    join_key,
+    without_userinfo,
+)
 
 try:
     import requests
@@ -62,6 +69,10 @@ DEFAULT_CONNECT_TIMEOUT_SECONDS = 5.0
 #: Seconds one call may spend retrying transient errors (the SDK's default is 120); a dead
 #: endpoint fails in about this long, and the engine above retries with its own backoff.
 DEFAULT_RETRY_DEADLINE_SECONDS = 5.0
+#: Seconds of the first pause between retries of one call (doubling after each retry).
+RETRY_FIRST_DELAY_SECONDS = 0.2
+#: Seconds of the longest pause between retries of one call.
+RETRY_MAX_DELAY_SECONDS = 1.0
 #: Project id used with an emulator when none is given (emulators accept any).
 EMULATOR_PROJECT = "objq-local"
 #: Content type of every object written; objq's objects are opaque bytes to GCS.
@@ -112,7 +123,7 @@ class GCSStore:
         if not isinstance(bucket, str) or not bucket:
             raise ConfigurationError(f"gs store: expected a bucket name, found {bucket!r}")
         self._bucket_name = bucket
-        self._prefix = _clean_prefix(prefix, f"gs bucket {bucket!r}")
+        self._prefix = clean_prefix(prefix, f"gs bucket {bucket!r}")
         self._endpoint_url = endpoint_url
         self._project = project
         read_timeout = DEFAULT_TIMEOUT_SECONDS if timeout is None else timeout
@@ -123,10 +134,13 @@ class GCSStore:
             )
         # requests' (connect, read) pair: a dead host fails on the short connect timeout.
         self._timeout = (min(DEFAULT_CONNECT_TIMEOUT_SECONDS, read_timeout), read_timeout)
-        self._retry = DEFAULT_RETRY.with_delay(initial=0.2, maximum=1.0, multiplier=2.0)
-        self._retry = self._retry.with_timeout(DEFAULT_RETRY_DEADLINE_SECONDS)
+        # The SDK's own predicate (429, 5xx, connection errors) with a short overall deadline.
+        self._retry = DEFAULT_RETRY.with_delay(
+            initial=RETRY_FIRST_DELAY_SECONDS, maximum=RETRY_MAX_DELAY_SECONDS, multiplier=2.0
+        ).with_timeout(DEFAULT_RETRY_DEADLINE_SECONDS)
         if client is not None:
-            clashing = [n for n, v in (("endpoint_url", endpoint_url), ("project", project)) if v]
+            given = {"endpoint_url": endpoint_url, "project": project}
+            clashing = sorted(name for name, value in given.items() if value is not None)
             if clashing:
                 raise ConfigurationError(
                     f"gs bucket {bucket!r}: got an injected client and also "
@@ -138,6 +152,13 @@ class GCSStore:
         else:
             self._client = self._make_client(endpoint_url, project)
             self._owns_client = True
+            # Since 3.11 the SDK fetches bucket metadata (storage.buckets.get) from a background
+            # thread on the first object call per bucket, for tracing attributes. That is an
+            # unrequested call sharing our session, denied and logged as an error for
+            # object-only principals (googleapis/google-cloud-python#17650). A client the store
+            # owns does without it; an injected client is left as its owner configured it.
+            if getattr(self._client, "_bucket_metadata_cache", None) is not None:
+                self._client._bucket_metadata_cache = None
         self._bucket = self._client.bucket(bucket)
         # Set once any call proves the bucket exists: from then on a 404 means a missing object.
         # (fake-gcs-server answers a bare "Not Found" for both, so the text cannot tell them.)
@@ -165,7 +186,7 @@ class GCSStore:
     def url(self) -> str:
         query: dict[str, str] = {}
         if self._endpoint_url is not None:
-            query["endpoint_url"] = _without_userinfo(self._endpoint_url)
+            query["endpoint_url"] = without_userinfo(self._endpoint_url)
         if self._project is not None:
             query["project"] = self._project
         path = f"/{self._prefix}" if self._prefix else ""
@@ -350,26 +371,3 @@ def _parse_generation(version: str, where: str) -> int:
             "GCS generation number, so no object can have it"
         )
     return generation
-
-
-def _clean_prefix(prefix: str, where: str) -> str:
-    """Return ``prefix`` without surrounding '/', refusing one that is not a valid key."""
-    if not isinstance(prefix, str):
-        raise ConfigurationError(f"{where}: expected a string prefix, found {prefix!r}")
-    cleaned = prefix.strip("/")
-    if cleaned:
-        try:
-            check_key(cleaned, f"{where}, prefix {cleaned!r}")
-        except InvalidKey as exc:
-            raise ConfigurationError(str(exc)) from exc
-    return cleaned
-
-
-def _without_userinfo(endpoint_url: str) -> str:
-    """Drop any ``user:password@`` from an endpoint URL, so ``url`` never shows a secret."""
-    parts = urlsplit(endpoint_url)
-    if parts.username is None and parts.password is None:
-        return endpoint_url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port is not None else host
-    return urlunsplit(parts._replace(netloc=netloc))

@@ -15,19 +15,26 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode
 
 from objq_broker.errors import (
     AccessDenied,
     BucketNotFound,
     ConfigurationError,
-    InvalidKey,
     ObjectNotFound,
     PreconditionFailed,
     StorageError,
     StorageUnavailable,
 )
-from objq_broker.storage.base import Blob, check_key, check_prefix, check_write_mode, join_key
+from objq_broker.storage.base import (
+    Blob,
+    check_key,
+    check_prefix,
+    check_write_mode,
+    clean_prefix,
+    join_key,
+    without_userinfo,
+)
 
 try:
     import boto3
@@ -89,7 +96,7 @@ class S3Store:
         if not isinstance(bucket, str) or not bucket:
             raise ConfigurationError(f"s3 store: expected a bucket name, found {bucket!r}")
         self._bucket = bucket
-        self._prefix = _clean_prefix(prefix, f"s3 bucket {bucket!r}")
+        self._prefix = clean_prefix(prefix, f"s3 bucket {bucket!r}")
         self._endpoint_url = endpoint_url
         self._region = region
         if client is not None:
@@ -111,15 +118,16 @@ class S3Store:
             self._client = client
             self._owns_client = False
             return
+        if connect_timeout is None:
+            connect_timeout = DEFAULT_CONNECT_TIMEOUT_SECONDS
+        if read_timeout is None:
+            read_timeout = DEFAULT_READ_TIMEOUT_SECONDS
+        if max_attempts is None:
+            max_attempts = DEFAULT_MAX_ATTEMPTS
         config = Config(
-            connect_timeout=DEFAULT_CONNECT_TIMEOUT_SECONDS
-            if connect_timeout is None
-            else connect_timeout,
-            read_timeout=DEFAULT_READ_TIMEOUT_SECONDS if read_timeout is None else read_timeout,
-            retries={
-                "mode": "standard",
-                "max_attempts": DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
-            },
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries={"mode": "standard", "max_attempts": max_attempts},
         )
         try:
             # A private session: boto3's default session is shared and not thread-safe to build
@@ -128,17 +136,18 @@ class S3Store:
             self._client = session.client("s3", endpoint_url=endpoint_url, config=config)
         except botocore.exceptions.ProfileNotFound as exc:
             raise ConfigurationError(f"s3 bucket {bucket!r}: {exc}") from exc
-        except ValueError as exc:  # botocore refuses a malformed endpoint_url this way
+        except ValueError:  # botocore refuses a malformed endpoint_url this way
+            # Neither the URL nor botocore's message is repeated: either may carry a password.
             raise ConfigurationError(
-                f"s3 bucket {bucket!r}: invalid endpoint_url {endpoint_url!r} ({exc})"
-            ) from exc
+                f"s3 bucket {bucket!r}: invalid endpoint_url; expected http(s)://host[:port]"
+            ) from None
         self._owns_client = True
 
     @property
     def url(self) -> str:
         query: dict[str, str] = {}
         if self._endpoint_url is not None:
-            query["endpoint_url"] = _without_userinfo(self._endpoint_url)
+            query["endpoint_url"] = without_userinfo(self._endpoint_url)
         if self._region is not None:
             query["region"] = self._region
         path = f"/{self._prefix}" if self._prefix else ""
@@ -269,26 +278,3 @@ def _storage_error(
     if code in _TRANSIENT_CODES or status >= 500 or status == 429:
         return StorageUnavailable(f"{where}: {action} failed transiently ({said})")
     return StorageError(f"{where}: {action} failed ({said})")
-
-
-def _clean_prefix(prefix: str, where: str) -> str:
-    """Return ``prefix`` without surrounding '/', refusing one that is not a valid key."""
-    if not isinstance(prefix, str):
-        raise ConfigurationError(f"{where}: expected a string prefix, found {prefix!r}")
-    cleaned = prefix.strip("/")
-    if cleaned:
-        try:
-            check_key(cleaned, f"{where}, prefix {cleaned!r}")
-        except InvalidKey as exc:
-            raise ConfigurationError(str(exc)) from exc
-    return cleaned
-
-
-def _without_userinfo(endpoint_url: str) -> str:
-    """Drop any ``user:password@`` from an endpoint URL, so ``url`` never shows a secret."""
-    parts = urlsplit(endpoint_url)
-    if parts.username is None and parts.password is None:
-        return endpoint_url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port is not None else host
-    return urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,1 @@
+"""Example applications, one per framework, that run unchanged on objq."""

