@@ -172,7 +172,9 @@ class Queue:
     ) -> Future[list[Delivery]]:
         if n < 1:
             raise ConfigurationError(f"claim from {queue!r}: n must be >= 1, found {n}")
-        tokens = [uuid.uuid4().hex for _ in range(n)]
+        # One random base per claim: a delay-queue consumer may ask for thousands at a time.
+        base = uuid.uuid4().hex
+        tokens = [f"{base}.{i}" for i in range(n)]
         seconds = _seconds(lease, "lease") if lease is not None else None
         who = owner or self.owner
 
