@@ -95,6 +95,9 @@ class ObjqBroker(dramatiq.Broker):
         ``$OBJQ_LEASE_SECONDS``, else 30.
       heartbeat_seconds: how often held messages' leases are extended (lease / 3).
       dead_message_ttl: how long dead letters are kept, in milliseconds.
+      fail_fast_default: what ``join`` does when ``fail_fast`` is not given. True (as with
+        Dramatiq 2's StubBroker, for tests) also keeps the exceptions of the messages this
+        broker dead-letters, so ``join`` can re-raise them; False keeps only their ids.
       middleware: as for any Dramatiq broker.
       **options: engine and storage options, as for ``Queue(url, **options)``.
     """
@@ -109,6 +112,7 @@ class ObjqBroker(dramatiq.Broker):
         heartbeat_seconds: float | None = None,
         dead_message_ttl: int = DEFAULT_DEAD_MESSAGE_TTL_MS,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        fail_fast_default: bool = False,
         middleware: list[dramatiq.Middleware] | None = None,
         **options: Any,
     ) -> None:
@@ -123,9 +127,13 @@ class ObjqBroker(dramatiq.Broker):
         self.heartbeat_seconds = heartbeat_seconds or self.lease_seconds / 3.0
         self.dead_message_ttl = dead_message_ttl
         self.max_deliveries = max_deliveries
+        self.fail_fast_default = fail_fast_default
         self.actor_options.add("broker_priority")
         self._consumers: weakref.WeakSet[_ObjqConsumer] = weakref.WeakSet()
-        self._failures: collections.OrderedDict[str, BaseException] = collections.OrderedDict()
+        # message id -> the exception it was dead-lettered with (kept only in fail-fast mode)
+        self._failures: collections.OrderedDict[str, BaseException | None] = (
+            collections.OrderedDict()
+        )
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -220,13 +228,14 @@ class ObjqBroker(dramatiq.Broker):
         queue_name: str,
         *,
         timeout: int | None = None,
-        fail_fast: bool = False,
+        fail_fast: bool | None = None,
         interval: int = 10,
     ) -> None:
         """Wait until the queue and its delay queue are empty and nothing is in flight.
 
-        With ``fail_fast``, re-raise the exception of a message of this queue that was
-        dead-lettered by this process (as Dramatiq's StubBroker does in tests).
+        With ``fail_fast`` (default: ``fail_fast_default``), re-raise the failure of a message
+        of this queue that this broker dead-lettered, as Dramatiq's StubBroker does in tests.
+        Dead letters left by other processes or earlier runs are not raised.
         """
         if queue_name not in self.queues:
             raise QueueNotFound(queue_name)
@@ -241,7 +250,7 @@ class ObjqBroker(dramatiq.Broker):
             if deadline is not None and time.monotonic() >= deadline:
                 raise QueueJoinTimeout(queue_name)
             time.sleep(interval / 1000.0)
-        if fail_fast:
+        if self.fail_fast_default if fail_fast is None else fail_fast:
             self._raise_failure(queue_name)
 
     def _busy(self, name: str) -> bool:
@@ -251,8 +260,12 @@ class ObjqBroker(dramatiq.Broker):
     def _raise_failure(self, queue_name: str) -> None:
         for message in self.dead_letters_of(queue_name):
             with self._lock:
-                failure = self._failures.get(message.message_id)
-            raise failure or Exception("Message failed with unknown error") from None
+                if message.message_id not in self._failures:
+                    continue  # dead-lettered elsewhere, or before this broker was built
+                failure = self._failures[message.message_id]
+            raise failure or Exception(
+                f"message {message.message_id} ({message.actor_name}) was dead-lettered"
+            ) from None
 
     @property
     def dead_letters(self) -> list[dramatiq.Message[Any]]:
@@ -278,10 +291,9 @@ class ObjqBroker(dramatiq.Broker):
     # --- bookkeeping for consumers ---------------------------------------------------------
 
     def _remember_failure(self, message_id: str, exc: BaseException | None) -> None:
-        if exc is None:
-            return
+        # An exception holds its traceback's frames: keep it only when asked to (tests).
         with self._lock:
-            self._failures[message_id] = exc
+            self._failures[message_id] = exc if self.fail_fast_default else None
             while len(self._failures) > _REMEMBERED_FAILURES:
                 self._failures.popitem(last=False)
 

@@ -268,6 +268,9 @@ class Engine:
         if any(op.consumer for op in batch):
             self._consumer = True
         live = [op for op in batch if op.future.set_running_or_notify_cancel()]
+        # Claims last (a stable sort): a claim sees the jobs enqueued in its own batch, so a
+        # claimer that found nothing is woken by the next commit, never left waiting a poll.
+        live.sort(key=lambda op: op.consumer)
         try:
             self._commit_with_retries(
                 live,

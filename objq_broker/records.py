@@ -84,8 +84,9 @@ def encode_payload(payload: bytes) -> tuple[str, bool]:
         return base64.b64encode(payload).decode("ascii"), True
 
 
-class QueueConfig(msgspec.Struct, omit_defaults=True):
-    """Per-queue defaults kept in the state, so every worker of every host agrees on them."""
+class QueueConfig(msgspec.Struct):
+    """Per-queue defaults kept in the state, so every worker of every host agrees on them.
+    Every field is written out, so a later release's defaults never change a queue silently."""
 
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     backoff_base_seconds: float = DEFAULT_BACKOFF_BASE_SECONDS
@@ -102,10 +103,11 @@ class KeyRecord(msgspec.Struct, array_like=True):
     expires_at: float
 
 
-class StateDoc(msgspec.Struct, omit_defaults=True):
-    """The whole state of one namespace, as stored."""
+class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The whole state of one namespace, as stored. ``format`` has no default, so it is
+    always written, and a JSON object without it is not taken for an empty state."""
 
-    format: int = FORMAT_VERSION
+    format: int
     version: int = 0
     epoch: int = 0
     commit_id: str = ""

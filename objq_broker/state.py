@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import msgspec
 
 from objq_broker.errors import ConfigurationError, JobNotFound, LeaseLost, QueueNotFound
-from objq_broker.records import Job, KeyRecord, Lease, QueueConfig, StateDoc
+from objq_broker.records import FORMAT_VERSION, Job, KeyRecord, Lease, QueueConfig, StateDoc
 
 _ReadyEntry = tuple[int, int, str]  # (priority, seq, job id)
 _TimedEntry = tuple[float, int, str]  # (visible_at, seq, job id)
@@ -93,7 +93,7 @@ class QueueState:
     """One namespace's jobs, dead letters, queue settings and idempotency keys, indexed."""
 
     def __init__(self, doc: StateDoc | None = None) -> None:
-        self.doc = doc if doc is not None else StateDoc()
+        self.doc = doc if doc is not None else StateDoc(format=FORMAT_VERSION)
         self.jobs: dict[str, Job] = {job.id: job for job in self.doc.jobs}
         self.dead: dict[str, Job] = {job.id: job for job in self.doc.dead}
         self._ready: dict[str, list[_ReadyEntry]] = {}
@@ -140,6 +140,8 @@ class QueueState:
         while heap and heap[0][0] <= now:
             entry = heapq.heappop(heap)
             if self._entry.get(entry[2]) == entry:
+                # Consume the entry: a heartbeat at the same instant may have pushed a twin.
+                del self._entry[entry[2]]
                 due.append(self.jobs[entry[2]])
         return due
 
@@ -232,10 +234,12 @@ class QueueState:
     def enqueue(self, new: Iterable[NewJob], now: float) -> list[Job]:
         """Add jobs (declaring their queues); a live idempotency key returns the earlier job."""
         items = list(new)
+        seen: set[str] = set()
         for item in items:
             check_queue_name(item.queue)
-            if item.id in self.jobs or item.id in self.dead:
+            if item.id in self.jobs or item.id in self.dead or item.id in seen:
                 raise ConfigurationError(f"job id {item.id!r} already exists")
+            seen.add(item.id)
             if item.max_attempts is not None and item.max_attempts < 1:
                 raise ConfigurationError(
                     f"job {item.id}: max_attempts must be >= 1, found {item.max_attempts}"

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("dramatiq")
-
 from objq_broker import Queue
 
 ROOT = Path(__file__).resolve().parents[2]

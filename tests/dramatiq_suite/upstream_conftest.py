@@ -1,0 +1,206 @@
+"""``tests/conftest.py`` for Dramatiq's own test suite, with ``stub_broker`` an ObjqBroker.
+
+Copied into the unpacked suite by ``dramatiq_upstream.py``; edit it here. The fixtures must live
+in the suite's own conftest: a plugin's fixture loses to a closer one.
+
+``--objq-backend memory|file`` (repeatable; default both) picks the storage; every test that
+uses ``stub_broker`` runs once per backend, on a fresh store. ``DESELECT`` lists the tests
+that cannot run on any broker but StubBroker (or need a server), each with its reason.
+With ``$OBJQ_SUITE_REPORT`` set, a JSON summary of the run is written there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+import pytest
+from dramatiq import Worker
+from dramatiq.rate_limits.backends import StubBackend as StubRateLimiterBackend
+from dramatiq.results.backends import StubBackend as StubResultBackend
+
+from objq_broker.dramatiq import ObjqBroker
+
+BACKENDS = ("memory", "file")
+#: Long enough that no test's message is redelivered while its worker lives (the heartbeat
+#: keeps leases anyway); a lease that ran out would show up as a duplicate run.
+LEASE_SECONDS = 30.0
+REPORT_ENV = "OBJQ_SUITE_REPORT"
+
+#: module::test -> why it cannot run on ObjqBroker. Only StubBroker internals and servers
+#: belong here; a broker-generic test that fails on ObjqBroker is a failure to fix, not a skip.
+DESELECT: dict[str, str] = {
+    "test_actors.py::test_actors_can_be_sent_messages": (
+        "reads the raw message back with StubBroker.queues[q].get()"
+    ),
+    "test_actors.py::test_worker_handles_non_numeric_eta_and_logs_warning": (
+        "injects a raw message with StubBroker.queues[q].put()"
+    ),
+    "test_actors.py::test_worker_handles_none_eta": (
+        "injects a raw message with StubBroker.queues[q].put()"
+    ),
+    "test_worker.py::test_exception_from_actor_doesnt_leak": (
+        "patches StubBroker's _StubMessageProxy; objq's no-retention check is in "
+        "tests/integrations/test_dramatiq_broker.py"
+    ),
+    "test_worker.py::test_workers_process_messages_in_order": (
+        "expects sub-millisecond hand-over from send() to a worker's memory; objq delivers "
+        "through a durable claim commit (milliseconds)"
+    ),
+    "test_results.py::test_messages_without_actor_not_crashing_lookup_options": (
+        "needs a Redis server (redis_result_backend fixture)"
+    ),
+}
+
+_memory_stores = itertools.count()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--objq-backend",
+        action="append",
+        choices=BACKENDS,
+        help=f"storage for ObjqBroker (repeatable; default: all of {', '.join(BACKENDS)})",
+    )
+    parser.addoption(
+        "--objq-run-deselected",
+        action="store_true",
+        help="run the DESELECT tests too (to see how they fare on ObjqBroker)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "objq_backend" in metafunc.fixturenames:
+        backends = metafunc.config.getoption("objq_backend") or list(BACKENDS)
+        metafunc.parametrize("objq_backend", backends)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("objq_run_deselected"):
+        return
+    kept, dropped, matched = [], [], set()
+    for item in items:
+        key = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+        if key in DESELECT:
+            dropped.append(item)
+            matched.add(key)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+    config.stash[_unmatched_key] = sorted(set(DESELECT) - matched)
+
+
+_unmatched_key = pytest.StashKey[list[str]]()
+
+
+# --- fixtures the suite uses ------------------------------------------------------------------
+
+
+@pytest.fixture
+def objq_url(objq_backend: str, tmp_path: Path) -> str:
+    if objq_backend == "memory":
+        return f"memory://dramatiq-suite-{os.getpid()}-{next(_memory_stores)}"
+    return (tmp_path / "objq").as_uri()
+
+
+@pytest.fixture
+def stub_broker(objq_url: str) -> Iterator[ObjqBroker]:
+    broker = ObjqBroker(url=objq_url, lease_seconds=LEASE_SECONDS, fail_fast_default=True)
+    broker.emit_after("process_boot")  # as the CLI does: starts TimeLimit's monitor thread
+    dramatiq.set_broker(broker)
+    yield broker
+    try:
+        broker.flush_all()
+    finally:
+        broker.close()
+        # Tests without fixtures declare actors on the global broker: leave an open one there
+        # (a closed StubBroker keeps working; a closed ObjqBroker refuses, as it should).
+        dramatiq.set_broker(ObjqBroker(url=f"memory://after-{next(_memory_stores)}"))
+
+
+@pytest.fixture
+def stub_worker(stub_broker: ObjqBroker) -> Iterator[Worker]:
+    worker = Worker(stub_broker, worker_timeout=100, worker_threads=32)
+    worker.start()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def result_backend() -> StubResultBackend:
+    return StubResultBackend()
+
+
+@pytest.fixture
+def rate_limiter_backend() -> StubRateLimiterBackend:
+    return StubRateLimiterBackend()
+
+
+# --- the JSON report --------------------------------------------------------------------------
+
+
+class _Report:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.counts: Counter[str] = Counter()
+        self.modules: set[str] = set()
+        self.failures: list[dict[str, str]] = []
+        self.seconds: Counter[str] = Counter()
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        self.counts["deselected"] += len(items)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] += report.duration
+        self.modules.add(report.nodeid.split("::", 1)[0])
+        if report.failed:
+            outcome = "failed" if report.when == "call" else "error"
+            self.counts[outcome] += 1
+            self.failures.append(
+                {"nodeid": report.nodeid, "outcome": outcome, "message": _crash(report)}
+            )
+        elif report.skipped:
+            self.counts["skipped"] += 1
+        elif report.when == "call":
+            self.counts["passed"] += 1
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        slowest = self.seconds.most_common(15)
+        self.path.write_text(
+            json.dumps(
+                {
+                    "dramatiq": dramatiq.__version__,
+                    "backends": session.config.getoption("objq_backend") or list(BACKENDS),
+                    "exitstatus": int(exitstatus),
+                    "counts": dict(self.counts),
+                    "modules": sorted(self.modules),
+                    "failures": self.failures,
+                    "unmatched_deselects": session.config.stash.get(_unmatched_key, []),
+                    "deselect_reasons": DESELECT,
+                    "slowest": [{"nodeid": n, "seconds": round(s, 2)} for n, s in slowest],
+                },
+                indent=2,
+            )
+        )
+
+
+def _crash(report: pytest.TestReport) -> str:
+    crash: Any = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        first = crash.message.splitlines()[0] if crash.message else ""
+        return f"{first} ({Path(crash.path).name}:{crash.lineno})"
+    return str(report.longrepr).strip().splitlines()[-1] if report.longrepr else ""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = os.environ.get(REPORT_ENV)
+    if path:
+        config.pluginmanager.register(_Report(Path(path)), "objq-suite-report")
