@@ -1,0 +1,166 @@
+"""ObjqBroker's own promises beyond Dramatiq's suite."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+
+import dramatiq
+import pytest
+from dramatiq import Worker
+from dramatiq.errors import ConnectionClosed
+
+from objq_broker.dramatiq import ObjqBroker
+from objq_broker.errors import ConfigurationError
+from objq_broker.storage import MemoryStore
+from objq_broker.storage.faulty import FaultyStore
+
+_names = iter(range(1_000_000))
+
+
+@pytest.fixture
+def broker() -> Iterator[ObjqBroker]:
+    made = ObjqBroker(url=f"memory://broker-{next(_names)}", lease_seconds=5)
+    dramatiq.set_broker(made)
+    yield made
+    made.close()
+
+
+def test_delayed_messages_wait_in_storage_not_in_worker_memory(broker: ObjqBroker) -> None:
+    @dramatiq.actor
+    def later() -> None: ...
+
+    later.send_with_options(delay=60_000)
+    stats = broker.client.stats("default.DQ")
+    assert (stats.delayed, stats.ready) == (1, 0)
+    consumer = broker.consume("default.DQ", prefetch=1000, timeout=50)
+    assert next(consumer) is None  # nothing is due, so nothing is handed to the worker
+    consumer.close()
+
+
+def test_broker_priority_runs_higher_first(broker: ObjqBroker) -> None:
+    ran: list[str] = []
+
+    @dramatiq.actor
+    def work(name: str) -> None:
+        ran.append(name)
+
+    work.send_with_options(args=("low",), broker_priority=0)
+    work.send_with_options(args=("high",), broker_priority=9)
+    worker = Worker(broker, worker_threads=1, worker_timeout=50)
+    worker.start()
+    broker.join("default")
+    worker.stop()
+    assert ran == ["high", "low"]
+
+
+def test_requeue_on_shutdown_does_not_burn_an_attempt(broker: ObjqBroker) -> None:
+    @dramatiq.actor
+    def job() -> None: ...
+
+    job.send()
+    consumer = broker.consume("default", prefetch=1, timeout=50)
+    message = next(consumer)
+    assert message is not None
+    consumer.requeue([message])
+    [(state, record)] = broker.client.jobs("default")
+    assert (state, record.attempts) == ("ready", 0)
+
+
+def test_failed_messages_keep_no_exception_by_default(broker: ObjqBroker) -> None:
+    class Boom(Exception):
+        pass
+
+    alive: list[weakref.ref[BaseException]] = []
+
+    @dramatiq.actor(max_retries=0)
+    def explode() -> None:
+        error = Boom("x")
+        alive.append(weakref.ref(error))
+        raise error
+
+    explode.send()
+    worker = Worker(broker, worker_threads=1, worker_timeout=50)
+    # Log records would keep the exception alive (pytest keeps them): switch logging off.
+    logging.disable(logging.CRITICAL)
+    try:
+        worker.start()
+        broker.join("default")
+        worker.stop()
+    finally:
+        logging.disable(logging.NOTSET)
+    gc.collect()
+    assert alive and alive[0]() is None
+    [dead] = broker.dead_letters
+    assert dead.actor_name == "explode"
+    [record] = broker.client.dead_letters("default")
+    assert record.error is not None and "Boom" in record.error
+
+
+def test_join_fail_fast_raises_this_brokers_failure() -> None:
+    broker = ObjqBroker(url="memory://fail-fast", fail_fast_default=True)
+    dramatiq.set_broker(broker)
+
+    @dramatiq.actor(max_retries=0)
+    def explode() -> None:
+        raise KeyError("missing")
+
+    explode.send()
+    worker = Worker(broker, worker_threads=1, worker_timeout=50)
+    worker.start()
+    try:
+        with pytest.raises(KeyError, match="missing"):
+            broker.join("default")
+    finally:
+        worker.stop()
+        broker.close()
+
+
+def test_storage_outage_is_a_connection_error_to_dramatiq() -> None:
+    store = FaultyStore(MemoryStore("outage"), error_rate=1.0)
+    broker = ObjqBroker(store=store, commit_deadline_seconds=0.2)
+    dramatiq.set_broker(broker)
+    with pytest.raises(ConnectionClosed):
+
+        @dramatiq.actor
+        def anything() -> None: ...
+
+    broker.close()
+
+
+def test_lease_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OBJQ_LEASE_SECONDS", "7.5")
+    broker = ObjqBroker(url="memory://env-lease")
+    assert (broker.lease_seconds, broker.heartbeat_seconds) == (7.5, 2.5)
+    broker.close()
+    monkeypatch.setenv("OBJQ_LEASE_SECONDS", "soon")
+    with pytest.raises(ConfigurationError, match="OBJQ_LEASE_SECONDS"):
+        ObjqBroker(url="memory://env-lease-bad")
+
+
+def test_heartbeat_keeps_prefetched_and_running_messages(broker: ObjqBroker) -> None:
+    broker.heartbeat_seconds = 0.05
+
+    @dramatiq.actor
+    def job() -> None: ...
+
+    for _ in range(3):
+        job.send()
+    consumer = broker.consume("default", prefetch=3, timeout=50)
+    first = next(consumer)
+    assert first is not None
+    before = {j.id: j.lease.expires_at for _, j in broker.client.jobs("default") if j.lease}
+    done = threading.Event()
+    deadline = time.monotonic() + 5
+    while not done.is_set() and time.monotonic() < deadline:
+        time.sleep(0.1)
+        after = {j.id: j.lease.expires_at for _, j in broker.client.jobs("default") if j.lease}
+        if after and all(after[i] > before[i] for i in before):
+            done.set()
+    assert len(before) == 3  # one running, two prefetched
+    assert done.is_set(), "the heartbeat did not extend every held lease"
+    consumer.close()
