@@ -73,6 +73,8 @@ DEFAULT_COMMIT_DEADLINE_SECONDS = 30.0
 DEFAULT_MAX_STALENESS_SECONDS = 0.2
 #: How often an idle consumer engine looks for stale leases to expire.
 DEFAULT_IDLE_TICK_SECONDS = 1.0
+#: Longest adaptive wait for a batch to fill (see ``Engine._linger``).
+ADAPTIVE_LINGER_MAX_SECONDS = 0.02
 #: Errors that no retry can fix: fail the batch at once.
 _FATAL = (StateCorrupt, AccessDenied, BucketNotFound, WriterFenced)
 
@@ -170,6 +172,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._commit_listeners: list[Callable[[], None]] = []
         self._uncertain: _Attempt | None = None  # a write that may have landed
+        self._last_batch_ops = 0
+        self._last_commit_seconds = 0.0
 
     # --- public ----------------------------------------------------------------------------
 
@@ -246,13 +250,7 @@ class Engine:
                 tick = self.idle_tick_seconds if self._consumer else None
                 if not self._cv.wait(tick) and not self._pending:
                     return []  # idle tick: expire stale leases
-            if self.linger_seconds > 0 and not self._closing:
-                end = time.monotonic() + self.linger_seconds
-                while len(self._pending) < self.max_batch_ops and not self._closing:
-                    remaining = end - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cv.wait(remaining)
+            self._linger()
             batch: list[_Op] = []
             size = 0
             while self._pending and len(batch) < self.max_batch_ops:
@@ -262,6 +260,30 @@ class Engine:
                 batch.append(self._pending.popleft())
                 size += op.size
             return batch
+
+    def _linger(self) -> None:
+        """Let a batch fill before committing it (called holding ``_cv``).
+
+        With ``linger_seconds`` set, always wait that long (or for a full batch). Otherwise
+        adapt: when the last batch was large but few ops wait now, the callers it released are
+        still submitting their next ops; wait (a fraction of a commit at most) for as many, so 50
+        threads make batches of ~50, not 48 then 2.
+        """
+        if self._closing:
+            return
+        if self.linger_seconds > 0:
+            target, span = self.max_batch_ops, self.linger_seconds
+        else:
+            target = self._last_batch_ops
+            if len(self._pending) >= target:
+                return
+            span = min(ADAPTIVE_LINGER_MAX_SECONDS, self._last_commit_seconds / 4)
+        end = time.monotonic() + span
+        while len(self._pending) < target and not self._closing:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return
+            self._cv.wait(remaining)
 
     def _commit(self, batch: list[_Op]) -> None:
         started = time.monotonic()
@@ -281,7 +303,9 @@ class Engine:
             self.metrics.batches += 1
             self.metrics.ops += len(batch)
             self.metrics.max_batch_ops = max(self.metrics.max_batch_ops, len(batch))
-            self.metrics.commit_seconds_total += time.monotonic() - started
+            self._last_commit_seconds = time.monotonic() - started
+            self._last_batch_ops = len(batch)
+            self.metrics.commit_seconds_total += self._last_commit_seconds
             for listener in self._commit_listeners:
                 listener()
 
