@@ -28,6 +28,10 @@ async def _wait(future: Future[T]) -> T:
     return await asyncio.wrap_future(future)
 
 
+def _out_of_line(jobs: Iterable[Job]) -> bool:
+    return any(job.ref is not None and not job.body for job in jobs)
+
+
 class AsyncQueue:
     """Like :class:`Queue`, with ``async`` methods.
 
@@ -88,7 +92,7 @@ class AsyncQueue:
                 keys=None if key is None else [key],
             )
         )
-        return job
+        return job if not _out_of_line([job]) else await asyncio.to_thread(self.sync.fill, job)
 
     async def enqueue_many(
         self,
@@ -100,7 +104,7 @@ class AsyncQueue:
         max_attempts: int | None = None,
         keys: Sequence[str | None] | None = None,
     ) -> list[Job]:
-        return await _wait(
+        jobs = await _wait(
             self.sync.submit_enqueue(
                 queue,
                 payloads,
@@ -110,6 +114,9 @@ class AsyncQueue:
                 keys=keys,
             )
         )
+        if not _out_of_line(jobs):
+            return jobs
+        return await asyncio.to_thread(lambda: [self.sync.fill(job) for job in jobs])
 
     async def claim(
         self,
@@ -123,6 +130,8 @@ class AsyncQueue:
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             found = await _wait(self.sync.submit_claim(queue, n, lease=lease, owner=owner))
+            if found and _out_of_line(d.job for d in found):
+                found = await asyncio.to_thread(self.sync.fill_deliveries, found)
             if found or end is None or time.monotonic() >= end:
                 return found
             await asyncio.sleep(min(self.sync.poll_seconds, max(end - time.monotonic(), 0.0)))
@@ -179,10 +188,16 @@ class AsyncQueue:
         return await _wait(self.sync.submit(lambda s, now: s.stats(queue, now), latest=True))
 
     async def job(self, job_id: str) -> tuple[str, Job] | None:
-        return await _wait(self.sync.submit(lambda s, now: s.find(job_id, now), latest=True))
+        found = await _wait(self.sync.submit(lambda s, now: s.find(job_id, now), latest=True))
+        if found is None or not _out_of_line([found[1]]):
+            return found
+        return found[0], await asyncio.to_thread(self.sync.fill, found[1])
 
     async def dead_letters(self, queue: str) -> list[Job]:
-        return await _wait(self.sync.submit(lambda s, now: s.dead_letters(queue), latest=True))
+        dead = await _wait(self.sync.submit(lambda s, now: s.dead_letters(queue), latest=True))
+        if not _out_of_line(dead):
+            return dead
+        return await asyncio.to_thread(lambda: [self.sync.fill(job) for job in dead])
 
     async def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> list[str]:
         chosen = None if ids is None else list(ids)

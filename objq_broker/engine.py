@@ -32,6 +32,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import msgspec
+
+from objq_broker.bodies import BodyCache, bodies_key, encode_bodies
 from objq_broker.errors import (
     AccessDenied,
     BucketNotFound,
@@ -47,9 +50,9 @@ from objq_broker.errors import (
 from objq_broker.records import (
     RECENT_COMMITS,
     ArchiveRecord,
+    Job,
     decode_state,
     encode_archive,
-    encode_state,
 )
 from objq_broker.state import Finished, QueueState
 from objq_broker.storage.base import ObjectStore
@@ -88,6 +91,7 @@ class EngineMetrics:
     state_writes: int = 0
     state_reads: int = 0
     archive_writes: int = 0
+    bodies_writes: int = 0
     conflicts: int = 0
     storage_errors: int = 0
     max_batch_ops: int = 0
@@ -113,8 +117,9 @@ class _Attempt:
 
     commit_id: str
     results: list[tuple[_Op, bool, Any]]
-    archive_key: str | None = None
     finished: list[Finished] = field(default_factory=list)
+    #: Objects this attempt wrote before the state (archive, bodies): orphans if it fails.
+    written: list[str] = field(default_factory=list)
 
 
 class Engine:
@@ -160,6 +165,8 @@ class Engine:
         self.epoch = epoch
         self.clock = clock
         self.metrics = EngineMetrics()
+        #: Payload bodies kept out of the state, cached by bodies object.
+        self.bodies = BodyCache(store)
         self._rng = random.Random(seed)
         self._state: QueueState | None = None
         self._version: str | None = None
@@ -426,14 +433,27 @@ class Engine:
         doc.commit_id = attempt.commit_id
         doc.committed_at = now
         doc.recent_commits = [*doc.recent_commits, attempt.commit_id][-RECENT_COMMITS:]
+        if state.new_bodies:
+            # Bodies first: the state must never refer to an object that is not stored.
+            key = bodies_key(attempt.commit_id)
+            entries = state.externalize(key)
+            if entries:
+                self.store.write(key, encode_bodies(entries), if_absent=True)
+                attempt.written.append(key)
+                self.bodies.remember(key, entries)
+                self.metrics.bodies_writes += 1
         if self.archive and attempt.finished:
             # Archive first: a job leaves the state only once its record is stored.
             hour = datetime.fromtimestamp(now, UTC).strftime("%Y/%m/%d/%H")
-            attempt.archive_key = f"{ARCHIVE_PREFIX}{hour}/{attempt.commit_id}.jsonl"
-            records = [ArchiveRecord(f.outcome, attempt.commit_id, f.job) for f in attempt.finished]
-            self.store.write(attempt.archive_key, encode_archive(records), if_absent=True)
+            key = f"{ARCHIVE_PREFIX}{hour}/{attempt.commit_id}.jsonl"
+            records = [
+                ArchiveRecord(f.outcome, attempt.commit_id, self._inline(f.job))
+                for f in attempt.finished
+            ]
+            self.store.write(key, encode_archive(records), if_absent=True)
+            attempt.written.append(key)
             self.metrics.archive_writes += 1
-        data = encode_state(doc)
+        data = state.encode()
         if self._version is None:
             version = self.store.write(self.key, data, if_absent=True)
         else:
@@ -443,15 +463,32 @@ class Engine:
         self._synced_at = time.monotonic()
         state.dirty = False
         state.finished.clear()
+        unused, state.unused_bodies = state.unused_bodies, []
+        for key in unused:
+            self._delete_quietly(key, "unused bodies object")
+
+    def _inline(self, job: Job) -> Job:
+        """``job`` with its body in place, for an archive record that stands on its own."""
+        if job.ref is None or job.body:
+            return job
+        try:
+            body, b64 = self.bodies.load(job.ref)
+        except ObjqError as exc:  # keep the reference rather than fail the commit
+            log.warning("archiving job %s without its body: %s", job.id, exc)
+            return job
+        return msgspec.structs.replace(job, body=body, b64=b64, ref=None)
 
     def _discard_archive(self, attempt: _Attempt) -> None:
-        """Remove the archive object of a commit that did not land (best effort)."""
-        if attempt.archive_key is None:
-            return
+        """Remove what a commit that did not land wrote ahead of its state (best effort)."""
+        for key in attempt.written:
+            self._delete_quietly(key, "orphan object")
+        attempt.written.clear()
+
+    def _delete_quietly(self, key: str, what: str) -> None:
         try:
-            self.store.delete(attempt.archive_key)
+            self.store.delete(key)
         except StorageError as exc:
-            log.warning("could not remove orphan archive %s: %s", attempt.archive_key, exc)
+            log.warning("could not remove %s %s: %s", what, key, exc)
 
     def _invalidate(self) -> None:
         self._state = None

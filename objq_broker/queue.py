@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import msgspec
+
 from objq_broker.engine import Engine, EngineMetrics
 from objq_broker.errors import ConfigurationError, LeaseLost
 from objq_broker.options import resolve_store
@@ -251,7 +253,7 @@ class Queue:
             max_attempts=max_attempts,
             keys=None if key is None else [key],
         ).result()
-        return job
+        return self.fill(job)
 
     def enqueue_many(
         self,
@@ -264,9 +266,10 @@ class Queue:
         keys: Sequence[str | None] | None = None,
     ) -> list[Job]:
         """Add many jobs in one commit: all of them are durable, or none."""
-        return self.submit_enqueue(
+        jobs = self.submit_enqueue(
             queue, payloads, priority=priority, delay=delay, max_attempts=max_attempts, keys=keys
         ).result()
+        return [self.fill(job) for job in jobs]
 
     # --- consuming -------------------------------------------------------------------------
 
@@ -286,7 +289,7 @@ class Queue:
             seen = self._commits
             found = self.submit_claim(queue, n, lease=lease, owner=owner).result()
             if found or end is None:
-                return found
+                return self.fill_deliveries(found)
             remaining = end - time.monotonic()
             if remaining <= 0:
                 return found
@@ -296,6 +299,21 @@ class Queue:
                     functools.partial(self._committed_since, seen + 1),
                     min(remaining, self.poll_seconds),
                 )
+
+    # --- payloads kept out of the state --------------------------------------------------
+
+    def fill(self, job: Job) -> Job:
+        """``job`` with its payload loaded, if the state keeps it out of line."""
+        if job.ref is None or job.body:
+            return job
+        body, b64 = self.engine.bodies.load(job.ref)
+        return msgspec.structs.replace(job, body=body, b64=b64)
+
+    def fill_deliveries(self, deliveries: list[Delivery]) -> list[Delivery]:
+        return [Delivery(self.fill(d.job), d.token) for d in deliveries]
+
+    def fill_rows(self, rows: list[tuple[str, Job]]) -> list[tuple[str, Job]]:
+        return [(state, self.fill(job)) for state, job in rows]
 
     def ack(self, delivery: Delivery, *, wait: bool = True) -> None:
         """Finish a delivery. Raises :class:`LeaseLost` if its lease was lost (when waiting)."""
@@ -379,17 +397,18 @@ class Queue:
 
     def job(self, job_id: str) -> tuple[str, Job] | None:
         """A job's state ('ready', 'delayed', 'in-flight', 'dead') and record, if in the state."""
-        return self.submit(lambda s, now: s.find(job_id, now), latest=True).result()
+        found = self.submit(lambda s, now: s.find(job_id, now), latest=True).result()
+        return None if found is None else (found[0], self.fill(found[1]))
 
     def jobs(
         self, queue: str, *, state: str | None = None, limit: int | None = None
     ) -> list[tuple[str, Job]]:
-        return self.submit(
-            lambda s, now: s.list_jobs(queue, now, state, limit), latest=True
-        ).result()
+        rows = self.submit(lambda s, now: s.list_jobs(queue, now, state, limit), latest=True)
+        return self.fill_rows(rows.result())
 
     def dead_letters(self, queue: str) -> list[Job]:
-        return self.submit(lambda s, now: s.dead_letters(queue), latest=True).result()
+        dead = self.submit(lambda s, now: s.dead_letters(queue), latest=True).result()
+        return [self.fill(job) for job in dead]
 
     def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> list[str]:
         """Move dead letters (all, or these ids) back to the queue with fresh attempts."""

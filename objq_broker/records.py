@@ -64,9 +64,16 @@ class Job(msgspec.Struct, omit_defaults=True):
     finished_at: float | None = None
     error: str | None = None
     key: str | None = None
+    #: Where the body is when it is kept out of the state ("bodies/<commit>.json#<index>").
+    ref: str | None = None
 
     @property
     def payload(self) -> bytes:
+        if self.ref is not None and not self.body:
+            raise ValueError(
+                f"job {self.id}: the payload is stored out of line at {self.ref}; "
+                "read jobs through Queue, which loads it"
+            )
         return base64.b64decode(self.body) if self.b64 else self.body.encode()
 
     def state_at(self, now: float) -> str:
@@ -118,6 +125,8 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     jobs: list[Job] = msgspec.field(default_factory=list)
     dead: list[Job] = msgspec.field(default_factory=list)
     keys: dict[str, KeyRecord] = msgspec.field(default_factory=dict)
+    #: Bodies objects and how many jobs (live or dead) still refer to each.
+    bodies: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class ArchiveRecord(msgspec.Struct, omit_defaults=True):

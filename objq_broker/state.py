@@ -21,11 +21,21 @@ from dataclasses import dataclass
 
 import msgspec
 
+from objq_broker.bodies import INLINE_MAX_BYTES, split_ref
 from objq_broker.errors import ConfigurationError, JobNotFound, LeaseLost, QueueNotFound
-from objq_broker.records import FORMAT_VERSION, Job, KeyRecord, Lease, QueueConfig, StateDoc
+from objq_broker.records import (
+    FORMAT_VERSION,
+    Job,
+    KeyRecord,
+    Lease,
+    QueueConfig,
+    StateDoc,
+    encode_state,
+)
 
 _ReadyEntry = tuple[int, int, str]  # (priority, seq, job id)
 _TimedEntry = tuple[float, int, str]  # (visible_at, seq, job id)
+_job_encoder = msgspec.json.Encoder()
 #: Longest queue name accepted (SQS allows 80, Celery's pidbox names run longer).
 MAX_QUEUE_NAME = 255
 
@@ -104,6 +114,13 @@ class QueueState:
         self.finished: list[Finished] = []
         #: True once a transition changed something that must be written.
         self.dirty = False
+        #: Jobs enqueued since the last commit whose bodies are to leave the state.
+        self.new_bodies: list[Job] = []
+        #: Bodies objects no job refers to any more: delete them once the commit landed.
+        self.unused_bodies: list[str] = []
+        #: Encoded JSON of jobs unchanged since the last encode. Every change to a job passes
+        #: through an index update (or ``externalize``), which drops its entry.
+        self._raw: dict[str, msgspec.Raw] = {}
         for job in self.jobs.values():
             self._members.setdefault(job.queue, set()).add(job.id)
             self._push_timed(job)
@@ -111,11 +128,13 @@ class QueueState:
     # --- indexes ---------------------------------------------------------------------------
 
     def _push_timed(self, job: Job) -> None:
+        self._raw.pop(job.id, None)
         entry: _TimedEntry = (job.visible_at, job.seq, job.id)
         self._entry[job.id] = entry
         heapq.heappush(self._timed.setdefault(job.queue, []), entry)
 
     def _push_ready(self, job: Job) -> None:
+        self._raw.pop(job.id, None)
         entry: _ReadyEntry = (job.priority, job.seq, job.id)
         self._entry[job.id] = entry
         heapq.heappush(self._ready.setdefault(job.queue, []), entry)
@@ -127,6 +146,7 @@ class QueueState:
             self._push_timed(job)
 
     def _forget(self, job: Job) -> None:
+        self._raw.pop(job.id, None)
         self._entry.pop(job.id, None)
         self.jobs.pop(job.id, None)
         members = self._members.get(job.queue)
@@ -209,6 +229,7 @@ class QueueState:
         doomed = [self.jobs[i] for i in self._members.get(queue, ()) if self.jobs[i].lease is None]
         for job in doomed:
             self._forget(job)
+            self._drop_body(job)
         if doomed:
             self.dirty = True
         return len(doomed)
@@ -219,9 +240,10 @@ class QueueState:
         doomed = [self.jobs[i] for i in self._members.get(queue, ())]
         for job in doomed:
             self._forget(job)
+            self._drop_body(job)
         dead = [i for i, job in self.dead.items() if job.queue == queue]
         for job_id in dead:
-            del self.dead[job_id]
+            self._drop_body(self.dead.pop(job_id))
         del self.doc.queues[queue]
         self._members.pop(queue, None)
         self._ready.pop(queue, None)
@@ -268,6 +290,8 @@ class QueueState:
             self.jobs[job.id] = job
             self._members[job.queue].add(job.id)
             self._schedule(job, now)
+            if len(job.body) > INLINE_MAX_BYTES:
+                self.new_bodies.append(job)
             if item.key is not None:
                 expires = now + config.idempotency_seconds
                 self.doc.keys[_key_slot(item.queue, item.key)] = KeyRecord(job.id, expires)
@@ -366,6 +390,7 @@ class QueueState:
     def ack(self, job_id: str, token: str, now: float) -> Job:
         job = self._held(job_id, token)
         self._forget(job)
+        self._drop_body(job)
         job.lease = None
         job.finished_at = now
         self.finished.append(Finished("done", job))
@@ -439,7 +464,7 @@ class QueueState:
         for job_id, job in list(self.dead.items()):
             ttl = self.doc.queues.get(job.queue, QueueConfig()).dead_ttl_seconds
             if (job.finished_at or 0.0) + ttl <= now:
-                del self.dead[job_id]
+                self._drop_body(self.dead.pop(job_id))
                 self.dirty = True
         for slot, record in list(self.doc.keys.items()):
             if record.expires_at <= now:
@@ -483,7 +508,7 @@ class QueueState:
     def purge_dead(self, queue: str, ids: list[str] | None) -> int:
         chosen = self._dead_ids(queue, ids)
         for job_id in chosen:
-            del self.dead[job_id]
+            self._drop_body(self.dead.pop(job_id))
         if chosen:
             self.dirty = True
         return len(chosen)
@@ -541,10 +566,55 @@ class QueueState:
 
     # --- persisting ------------------------------------------------------------------------
 
+    def _drop_body(self, job: Job) -> None:
+        """``job`` left the state for good: its bodies object loses one reference."""
+        if job.ref is None:
+            return
+        key, _ = split_ref(job.ref)
+        left = self.doc.bodies.get(key, 0) - 1
+        if left > 0:
+            self.doc.bodies[key] = left
+        else:
+            self.doc.bodies.pop(key, None)
+            self.unused_bodies.append(key)
+
+    def externalize(self, key: str) -> list[tuple[str, bool]]:
+        """Move the large bodies enqueued since the last commit into bodies object ``key``;
+        returns its entries (to be written before the state that refers to them)."""
+        entries: list[tuple[str, bool]] = []
+        for job in self.new_bodies:
+            if job.ref is not None or (job.id not in self.jobs and job.id not in self.dead):
+                continue  # finished within this very batch: its record keeps the body
+            job.ref = f"{key}#{len(entries)}"
+            entries.append((job.body, job.b64))
+            job.body = ""
+            self._raw.pop(job.id, None)
+        self.new_bodies.clear()
+        if entries:
+            self.doc.bodies[key] = len(entries)
+        return entries
+
     def to_doc(self) -> StateDoc:
         self.doc.jobs = list(self.jobs.values())
         self.doc.dead = list(self.dead.values())
         return self.doc
+
+    def encode(self) -> bytes:
+        """The stored form of :meth:`to_doc`, re-encoding only the jobs that changed: a commit
+        of a few ops on a deep queue costs a copy of the state, not a full encode."""
+        doc = self.to_doc()
+        cache: dict[str, msgspec.Raw] = {}
+        for job in doc.jobs:
+            cache[job.id] = self._raw.get(job.id) or msgspec.Raw(_job_encoder.encode(job))
+        jobs = [cache[job.id] for job in doc.jobs]
+        dead = [msgspec.Raw(_job_encoder.encode(job)) for job in doc.dead]
+        self._raw = cache
+        # msgspec encodes what a field holds: Raw fragments splice in as they are.
+        doc.jobs, doc.dead = jobs, dead  # type: ignore[assignment]
+        try:
+            return encode_state(doc)
+        finally:
+            self.to_doc()
 
 
 def _key_slot(queue: str, key: str) -> str:

@@ -620,6 +620,8 @@ class QueueMachine(RuleBasedStateMachine):
     def roundtrip(self, probe: bool) -> None:
         """Replace the state with its decoded encoding, after probing a decoded copy."""
         data = self.snapshot()
+        # The incremental encoder (what the engine writes) must agree with a full encode.
+        assert self.state.encode() == data, "a changed job kept a stale cached encoding"
         if probe:
             self.probe_claims(data)
         self.state = QueueState(decode_state(data, "roundtrip"))
@@ -684,6 +686,11 @@ class QueueMachine(RuleBasedStateMachine):
             else:
                 expected = "dead" if job_id in dead else None
             assert (None if found is None else found[0]) == expected, job_id
+
+    @invariant()
+    def incremental_encoding_matches_a_full_one(self) -> None:
+        # What the engine writes (cached per-job fragments) must equal a fresh full encode.
+        assert self.state.encode() == encode_state(self.state.to_doc())
 
     @invariant()
     def finished_jobs_match(self) -> None:

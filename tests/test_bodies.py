@@ -1,0 +1,100 @@
+"""Large payloads live out of the state, in immutable bodies objects, and never get lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from objq_broker import Queue, StateCorrupt
+from objq_broker.bodies import BODIES_PREFIX, INLINE_MAX_BYTES
+from objq_broker.engine import STATE_KEY
+from objq_broker.records import decode_archive, decode_state
+from objq_broker.storage import MemoryStore, open_store
+
+BIG = b"B" * (INLINE_MAX_BYTES + 1)
+SMALL = b"s" * INLINE_MAX_BYTES
+
+
+def test_large_payloads_leave_the_state_and_come_back_on_claim(tmp_path: Path) -> None:
+    url = tmp_path.as_uri()
+    with Queue(url) as producer:
+        producer.enqueue_many("q", [BIG + bytes([n]) for n in range(10)] + [SMALL])
+    store = open_store(url)
+    state = decode_state(store.get(STATE_KEY), "state")
+    assert sum(job.ref is not None for job in state.jobs) == 10
+    assert all(job.body == "" for job in state.jobs if job.ref is not None)
+    assert b"B" * 100 not in store.get(STATE_KEY)
+    [bodies] = store.list(BODIES_PREFIX)
+    assert state.bodies == {bodies: 10}
+    with Queue(url) as consumer:  # another process's view: it reads the bodies object
+        deliveries = consumer.claim("q", 11)
+        assert sorted(d.payload for d in deliveries) == sorted(
+            [BIG + bytes([n]) for n in range(10)] + [SMALL]
+        )
+        for delivery in deliveries:
+            consumer.ack(delivery)
+    assert store.list(BODIES_PREFIX) == []  # the last reference went: the object is deleted
+    records = [r for key in store.list("archive/") for r in decode_archive(store.get(key), key)]
+    assert sorted(r.job.payload for r in records) == sorted(d.payload for d in deliveries)
+    assert all(r.job.ref is None for r in records)
+
+
+def test_dead_letters_keep_their_bodies_until_purged() -> None:
+    store = MemoryStore("bodies-dead")
+    with Queue(store=store) as queue:
+        queue.enqueue("q", BIG, max_attempts=1)
+        [delivery] = queue.claim("q")
+        queue.nack(delivery, error="boom")
+        [dead] = queue.dead_letters("q")
+        assert dead.payload == BIG
+        [(state, job)] = queue.jobs("q")
+        assert (state, job.payload) == ("dead", BIG)
+        assert queue.job(dead.id) is not None
+        queue.retry_dead("q")
+        [again] = queue.claim("q")
+        assert again.payload == BIG
+        queue.nack(again, retry=False)
+        assert queue.purge_dead("q") == 1
+    assert store.list(BODIES_PREFIX) == []
+
+
+def test_a_job_enqueued_and_finished_in_one_batch_writes_no_bodies_object() -> None:
+    store = MemoryStore("bodies-same-batch")
+    with Queue(store=store) as queue:
+        queue.enqueue("q", BIG)
+        [delivery] = queue.claim("q")
+        queue.ack(delivery)
+        # Given a job whose enqueue and ack share a commit
+        enqueue = queue.submit_enqueue("q", [BIG])
+        enqueue.result()
+    assert len(store.list(BODIES_PREFIX)) == 1  # only the second, still queued job's
+
+
+def test_purge_drops_the_bodies_objects() -> None:
+    store = MemoryStore("bodies-purge")
+    with Queue(store=store) as queue:
+        queue.enqueue_many("q", [BIG] * 5)
+        assert len(store.list(BODIES_PREFIX)) == 1
+        assert queue.purge("q") == 5
+    assert store.list(BODIES_PREFIX) == []
+
+
+def test_a_missing_bodies_object_is_a_clear_error(tmp_path: Path) -> None:
+    url = tmp_path.as_uri()
+    with Queue(url) as queue:
+        queue.enqueue("q", BIG)
+    store = open_store(url)
+    [key] = store.list(BODIES_PREFIX)
+    store.delete(key)
+    with Queue(url) as queue, pytest.raises(StateCorrupt, match="missing"):
+        queue.claim("q")
+
+
+def test_idempotent_enqueue_returns_the_earlier_payload() -> None:
+    store = MemoryStore("bodies-key")
+    with Queue(store=store) as queue:
+        first = queue.enqueue("q", BIG, key="k")
+    with Queue(store=store) as queue:
+        again = queue.enqueue("q", b"other", key="k")
+        assert again.id == first.id and again.payload == BIG
