@@ -354,19 +354,18 @@ class Engine:
                 log.info("commit %s landed although its write failed", uncertain.commit_id)
                 self._resolve(uncertain.results)
                 return True
-            self._discard_archive(uncertain)
+            self._discard_written(uncertain)
         attempt = self._apply(state, live)
         if attempt is None:
             return False  # an op crashed: it was failed and dropped; start again
         if state.dirty:
             try:
                 self._write(state, attempt)
-            except PreconditionFailed:
-                self._discard_archive(attempt)  # the state write certainly did not land
-                raise
             except StorageError as exc:
+                # Even a refused condition may hide a landed write: an SDK that retried a
+                # timed-out PUT gets 412 from its own first attempt. Look before re-applying.
                 if not isinstance(exc, _FATAL):
-                    self._uncertain = attempt  # it may have landed: look before re-applying
+                    self._uncertain = attempt
                 raise
         self._resolve(attempt.results)
         return True
@@ -478,7 +477,7 @@ class Engine:
             return job
         return msgspec.structs.replace(job, body=body, b64=b64, ref=None)
 
-    def _discard_archive(self, attempt: _Attempt) -> None:
+    def _discard_written(self, attempt: _Attempt) -> None:
         """Remove what a commit that did not land wrote ahead of its state (best effort)."""
         for key in attempt.written:
             self._delete_quietly(key, "orphan object")

@@ -113,6 +113,21 @@ def test_landed_but_failed_write_does_not_lose_an_ack() -> None:
         assert queue.jobs("q") == []
 
 
+def test_landed_write_reported_as_a_conflict_is_recognised() -> None:
+    # Given an SDK that retried a conditional PUT which had landed (its retry gets 412)
+    faulty = FaultyStore(MemoryStore("landed-412"), seed=5)
+    with Queue(store=faulty) as queue:
+        queue.declare("q")
+        faulty.fail_next(1, landed=True, conflict=True)
+        job = queue.enqueue("q", b"once")
+        # Then the enqueue succeeds once, and is not applied a second time
+        assert [j.id for _, j in queue.jobs("q")] == [job.id]
+        [delivery] = queue.claim("q")
+        faulty.fail_next(1, landed=True, conflict=True)
+        queue.ack(delivery)
+        assert queue.jobs("q") == []
+
+
 def test_failed_write_that_did_not_land_is_retried() -> None:
     faulty = FaultyStore(MemoryStore("not-landed"), seed=3)
     with Queue(store=faulty) as queue:

@@ -18,12 +18,28 @@ PRODUCERS = 3
 CONSUMERS = 3
 
 
+_spawned: list[subprocess.Popen[bytes]] = []
+
+
 def _spawn(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, str(WORKER), *args])
+    process = subprocess.Popen([sys.executable, str(WORKER), *args])
+    _spawned.append(process)
+    return process
 
 
 def run_soak(url: str, tmp_path: Path, jobs: int, faults: float = 0.0) -> dict[str, int]:
     """Run the soak and return {'jobs', 'delivered', 'duplicates'}; asserts nothing is lost."""
+    _spawned.clear()
+    try:
+        return _run_soak(url, tmp_path, jobs, faults)
+    finally:
+        for process in _spawned:  # a failed run must not leave workers behind
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def _run_soak(url: str, tmp_path: Path, jobs: int, faults: float) -> dict[str, int]:
     stop = tmp_path / "stop"
     per_producer = jobs // PRODUCERS
     fault_args = ["--faults", str(faults)]

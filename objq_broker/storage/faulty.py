@@ -9,7 +9,9 @@ It injects three kinds of trouble, each with its own probability, drawn from one
   retry must not turn into a duplicate or a lost update;
 * ``latency_seconds`` — a uniform random delay ``(low, high)`` before each call.
 
-``fail_next(n, landed=False)`` scripts the next ``n`` writes to fail deterministically.
+``fail_next(n, landed=False, conflict=False)`` scripts the next ``n`` writes to fail
+deterministically; ``conflict`` makes a landed write report :class:`PreconditionFailed`, as an
+SDK does when it retries a timed-out conditional PUT that had in fact succeeded.
 
 >>> from objq_broker.storage.memory import MemoryStore
 >>> store = FaultyStore(MemoryStore(), seed=7, error_rate=0.0)
@@ -28,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from objq_broker.errors import ConfigurationError, StorageUnavailable
+from objq_broker.errors import ConfigurationError, PreconditionFailed, StorageUnavailable
 from objq_broker.storage.base import Blob, ObjectStore
 
 
@@ -65,17 +67,19 @@ class FaultyStore:
         self.ops = ops
         self.counts = FaultCounts()
         self._rng = random.Random(seed)
+        self._conflict = False
         self._lock = threading.Lock()
-        self._scripted: list[bool] = []  # True = landed-then-failed, False = plain failure
+        # (landed, conflict) per scripted write failure
+        self._scripted: list[tuple[bool, bool]] = []
 
     @property
     def url(self) -> str:
         return self.inner.url
 
-    def fail_next(self, n: int = 1, *, landed: bool = False) -> None:
+    def fail_next(self, n: int = 1, *, landed: bool = False, conflict: bool = False) -> None:
         """Make the next ``n`` writes fail (after landing, if ``landed``)."""
         with self._lock:
-            self._scripted.extend([landed] * n)
+            self._scripted.extend([(landed, conflict)] * n)
 
     def _draw(self, op: str) -> tuple[float, bool, bool]:
         """Decide this call's fate: (delay, fail before, fail after landing)."""
@@ -86,13 +90,13 @@ class FaultyStore:
             low, high = self.latency_seconds
             delay = self._rng.uniform(low, high) if high > 0 else 0.0
             if op in ("write", "put") and self._scripted:
-                landed = self._scripted.pop(0)
+                landed, self._conflict = self._scripted.pop(0)
                 return delay, not landed, landed
             before = self._rng.random() < self.error_rate
             after = not before and op in ("write", "put") and self._rng.random() < self.landed_rate
             return delay, before, after
 
-    def _fault(self, op: str, key: str, landed: bool) -> StorageUnavailable:
+    def _fault(self, op: str, key: str, landed: bool) -> StorageUnavailable | PreconditionFailed:
         with self._lock:
             self.counts.by_op[op] = self.counts.by_op.get(op, 0) + 1
             if landed:
@@ -100,6 +104,11 @@ class FaultyStore:
             else:
                 self.counts.errors += 1
         what = "landed, then the response was lost" if landed else "did not reach the store"
+        if landed and self._conflict:
+            self._conflict = False
+            return PreconditionFailed(
+                f"injected fault on {self.url}, {op} {key!r}: landed, then a retry lost its CAS"
+            )
         return StorageUnavailable(f"injected fault on {self.url}, {op} {key!r}: {what}")
 
     def _before(self, op: str, key: str) -> bool:
