@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
-from objq_broker.errors import ConfigurationError, InvalidKey
+from objq_broker.errors import ConfigurationError, InvalidKey, ObjectNotFound
 
 #: Characters no key may contain.
 _FORBIDDEN_KEY_CHARS = ("\x00", "\\")
@@ -144,3 +144,28 @@ def without_userinfo(endpoint_url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port is not None else host
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+class LocalStoreOps:
+    """``put`` and ``get`` in terms of ``write`` and ``read``, for adapters where a plain
+    overwrite and a fetch are no cheaper than the general calls (memory, file)."""
+
+    def _where(self, key: str) -> str:
+        raise NotImplementedError
+
+    def read(self, key: str) -> Blob | None:
+        raise NotImplementedError
+
+    def write(
+        self, key: str, data: bytes, *, if_version: str | None = None, if_absent: bool = False
+    ) -> str:
+        raise NotImplementedError
+
+    def put(self, key: str, data: bytes) -> str:
+        return self.write(key, data)
+
+    def get(self, key: str) -> bytes:
+        blob = self.read(key)
+        if blob is None:
+            raise ObjectNotFound(f"{self._where(key)}: no such object")
+        return blob.data

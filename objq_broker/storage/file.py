@@ -30,11 +30,10 @@ from pathlib import Path
 from objq_broker.errors import (
     AccessDenied,
     BucketNotFound,
-    ObjectNotFound,
     PreconditionFailed,
     StorageError,
 )
-from objq_broker.storage.base import Blob, check_key, check_prefix, check_write_mode
+from objq_broker.storage.base import Blob, LocalStoreOps, check_key, check_prefix, check_write_mode
 
 #: Folder (under the root) holding temporary files until they are renamed into place.
 TMP_DIR = ".objq-tmp"
@@ -50,7 +49,7 @@ def _mtime_of(version: str) -> int:
     return int(version.split("-", 1)[0], 16)
 
 
-class FileStore:
+class FileStore(LocalStoreOps):
     """Objects as files under ``root``.
 
     >>> import tempfile
@@ -186,15 +185,6 @@ class FileStore:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-    def put(self, key: str, data: bytes) -> str:
-        return self.write(key, data)
-
-    def get(self, key: str) -> bytes:
-        blob = self.read(key)
-        if blob is None:
-            raise ObjectNotFound(f"{self._where(key)}: no such object")
-        return blob.data
 
     def delete(self, key: str) -> None:
         path = self._path(key)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import itertools
 import threading
 
-from objq_broker.errors import ObjectNotFound, PreconditionFailed
-from objq_broker.storage.base import Blob, check_key, check_prefix, check_write_mode
+from objq_broker.errors import PreconditionFailed
+from objq_broker.storage.base import Blob, LocalStoreOps, check_key, check_prefix, check_write_mode
 
 
-class MemoryStore:
+class MemoryStore(LocalStoreOps):
     """A dict of objects behind one lock.
 
     >>> store = MemoryStore("demo")
@@ -60,15 +60,6 @@ class MemoryStore:
             version = str(next(self._versions))
             self._objects[key] = Blob(bytes(data), version)
             return version
-
-    def put(self, key: str, data: bytes) -> str:
-        return self.write(key, data)
-
-    def get(self, key: str) -> bytes:
-        blob = self.read(key)
-        if blob is None:
-            raise ObjectNotFound(f"{self._where(key)}: no such object")
-        return blob.data
 
     def delete(self, key: str) -> None:
         check_key(key, self._where(key))
