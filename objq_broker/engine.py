@@ -425,7 +425,7 @@ class Engine:
         return _Attempt(uuid.uuid4().hex, results, finished=list(state.finished))
 
     def _write(self, state: QueueState, attempt: _Attempt) -> None:
-        doc = state.to_doc()
+        doc = state.doc
         now = self.clock()
         doc.version += 1
         doc.epoch = max(doc.epoch, self.epoch)

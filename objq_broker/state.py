@@ -118,9 +118,10 @@ class QueueState:
         self.new_bodies: list[Job] = []
         #: Bodies objects no job refers to any more: delete them once the commit landed.
         self.unused_bodies: list[str] = []
-        #: Encoded JSON of jobs unchanged since the last encode. Every change to a job passes
-        #: through an index update (or ``externalize``), which drops its entry.
+        #: Encoded JSON of each job as of the last encode, and the ids changed since. Every
+        #: change to a job passes through an index update (or ``externalize``), which marks it.
         self._raw: dict[str, msgspec.Raw] = {}
+        self._stale: set[str] = set()
         for job in self.jobs.values():
             self._members.setdefault(job.queue, set()).add(job.id)
             self._push_timed(job)
@@ -128,13 +129,13 @@ class QueueState:
     # --- indexes ---------------------------------------------------------------------------
 
     def _push_timed(self, job: Job) -> None:
-        self._raw.pop(job.id, None)
+        self._stale.add(job.id)
         entry: _TimedEntry = (job.visible_at, job.seq, job.id)
         self._entry[job.id] = entry
         heapq.heappush(self._timed.setdefault(job.queue, []), entry)
 
     def _push_ready(self, job: Job) -> None:
-        self._raw.pop(job.id, None)
+        self._stale.add(job.id)
         entry: _ReadyEntry = (job.priority, job.seq, job.id)
         self._entry[job.id] = entry
         heapq.heappush(self._ready.setdefault(job.queue, []), entry)
@@ -146,7 +147,7 @@ class QueueState:
             self._push_timed(job)
 
     def _forget(self, job: Job) -> None:
-        self._raw.pop(job.id, None)
+        self._stale.add(job.id)
         self._entry.pop(job.id, None)
         self.jobs.pop(job.id, None)
         members = self._members.get(job.queue)
@@ -588,7 +589,7 @@ class QueueState:
             job.ref = f"{key}#{len(entries)}"
             entries.append((job.body, job.b64))
             job.body = ""
-            self._raw.pop(job.id, None)
+            self._stale.add(job.id)
         self.new_bodies.clear()
         if entries:
             self.doc.bodies[key] = len(entries)
@@ -602,19 +603,24 @@ class QueueState:
     def encode(self) -> bytes:
         """The stored form of :meth:`to_doc`, re-encoding only the jobs that changed: a commit
         of a few ops on a deep queue costs a copy of the state, not a full encode."""
-        doc = self.to_doc()
-        cache: dict[str, msgspec.Raw] = {}
-        for job in doc.jobs:
-            cache[job.id] = self._raw.get(job.id) or msgspec.Raw(_job_encoder.encode(job))
-        jobs = [cache[job.id] for job in doc.jobs]
-        dead = [msgspec.Raw(_job_encoder.encode(job)) for job in doc.dead]
-        self._raw = cache
-        # msgspec encodes what a field holds: Raw fragments splice in as they are.
-        doc.jobs, doc.dead = jobs, dead  # type: ignore[assignment]
+        raw, jobs = self._raw, self.jobs
+        for job_id in self._stale:
+            job = jobs.get(job_id)
+            if job is None:
+                raw.pop(job_id, None)
+            else:
+                raw[job_id] = msgspec.Raw(_job_encoder.encode(job))
+        self._stale.clear()
+        doc = self.doc
+        # msgspec encodes what a field holds: Raw fragments splice in as they are, so a deep
+        # queue costs a copy, not a Python loop. ``raw`` holds exactly the live jobs (in its own
+        # order; the order of jobs in the document carries no meaning).
+        doc.jobs = list(raw.values())  # type: ignore[arg-type]
+        doc.dead = [msgspec.Raw(_job_encoder.encode(job)) for job in self.dead.values()]  # type: ignore[misc]
         try:
             return encode_state(doc)
         finally:
-            self.to_doc()
+            doc.jobs, doc.dead = [], []  # to_doc() builds them when asked
 
 
 def _key_slot(queue: str, key: str) -> str:
