@@ -331,6 +331,7 @@ class _ObjqConsumer(dramatiq.Consumer):
         self._cache: collections.deque[Delivery] = collections.deque()
         self._running: dict[str, Delivery] = {}  # lease token -> delivery handed to the worker
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # notified when a worker finishes one
         self._closed = False
 
     def held(self) -> list[Delivery]:
@@ -341,6 +342,7 @@ class _ObjqConsumer(dramatiq.Consumer):
         delivery: Delivery = message._delivery
         with self._lock:
             self._running.pop(delivery.token, None)
+            self._room.notify()
         return delivery
 
     def ack(self, message: dramatiq.MessageProxy) -> None:
@@ -362,18 +364,24 @@ class _ObjqConsumer(dramatiq.Consumer):
             with _connection_errors():
                 self.client.release(deliveries)
 
+    def _free(self) -> int:
+        return self.prefetch - len(self._running) - len(self._cache)
+
     def __next__(self) -> dramatiq.MessageProxy | None:
         with self._lock:
             delivery = self._cache.popleft() if self._cache else None
-            room = self.prefetch - len(self._running) - len(self._cache)
+            if delivery is None and self._free() <= 0 and not self._closed:
+                # Prefetch is full: wait for a worker to finish one (or for the timeout, so
+                # the worker gets its idle wake-up), rather than sleeping a fixed interval.
+                self._room.wait_for(lambda: self._closed or self._free() > 0, self.timeout / 1000.0)
+                return None
+            room = self._free()
         if delivery is None and room > 0 and not self._closed:
             with _connection_errors():
                 found = self.client.claim(self.queue_name, room, timeout=self.timeout / 1000.0)
             with self._lock:
                 self._cache.extend(found)
                 delivery = self._cache.popleft() if self._cache else None
-        elif delivery is None:
-            time.sleep(self.timeout / 1000.0)  # prefetch is full: let the workers catch up
         if delivery is None:
             return None
         with self._lock:
@@ -386,6 +394,7 @@ class _ObjqConsumer(dramatiq.Consumer):
             self._closed = True
             unstarted = list(self._cache)
             self._cache.clear()
+            self._room.notify_all()
         if unstarted:
             try:
                 self.client.release(unstarted, wait=False)
