@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 try:
@@ -333,6 +334,10 @@ class _ObjqConsumer(dramatiq.Consumer):
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified when a worker finishes one
         self._closed = False
+        # A claim submitted ahead, while cached messages are still being handed out, so the
+        # next batch is committed together with the acks of this one.
+        self._ahead: Future[list[Delivery]] | None = None
+        self._asked = 0
 
     def held(self) -> list[Delivery]:
         with self._lock:
@@ -365,9 +370,40 @@ class _ObjqConsumer(dramatiq.Consumer):
                 self.client.release(deliveries)
 
     def _free(self) -> int:
-        return self.prefetch - len(self._running) - len(self._cache)
+        return self.prefetch - len(self._running) - len(self._cache) - self._asked
+
+    def _harvest(self, timeout: float = 0.0) -> None:
+        """Move the claim submitted ahead into the cache once it has committed."""
+        ahead = self._ahead
+        if ahead is None:
+            return
+        try:
+            found = ahead.result(timeout)
+        except TimeoutError:
+            return
+        except (StorageError, QueueClosed) as exc:
+            self._ahead, self._asked = None, 0
+            raise ConnectionClosed(exc) from exc
+        found = self.client.fill_deliveries(found)
+        with self._lock:
+            self._ahead, self._asked = None, 0
+            self._cache.extend(found)
+
+    def _claim_ahead(self) -> None:
+        """With half the prefetch free and messages still cached, claim the next batch now."""
+        with self._lock:
+            free = self._free()
+            if self._ahead is not None or self._closed or not self._cache:
+                return
+            if free < max(1, self.prefetch // 2):
+                return
+            self._asked = free
+        with _connection_errors():
+            self._ahead = self.client.submit_claim(self.queue_name, free)
 
     def __next__(self) -> dramatiq.MessageProxy | None:
+        self._harvest(0.0 if self._cache else self.timeout / 1000.0)
+        self._claim_ahead()
         with self._lock:
             delivery = self._cache.popleft() if self._cache else None
             if delivery is None and self._free() <= 0 and not self._closed:
@@ -392,9 +428,14 @@ class _ObjqConsumer(dramatiq.Consumer):
         """Give back prefetched messages that never reached a worker thread."""
         with self._lock:
             self._closed = True
+            self._room.notify_all()
+        try:
+            self._harvest(timeout=self.client.engine.commit_deadline_seconds)
+        except ConnectionClosed as exc:
+            log.warning("a claim made ahead failed while closing: %s", exc)
+        with self._lock:
             unstarted = list(self._cache)
             self._cache.clear()
-            self._room.notify_all()
         if unstarted:
             try:
                 self.client.release(unstarted, wait=False)
