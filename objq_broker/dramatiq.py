@@ -245,7 +245,7 @@ class ObjqBroker(dramatiq.Broker):
         while True:
             with _connection_errors():
                 self.client.flush()
-                busy = any(self._busy(name) for name in names)
+                busy = self._busy(names)
             if not busy:
                 break
             if deadline is not None and time.monotonic() >= deadline:
@@ -254,9 +254,13 @@ class ObjqBroker(dramatiq.Broker):
         if self.fail_fast_default if fail_fast is None else fail_fast:
             self._raise_failure(queue_name)
 
-    def _busy(self, name: str) -> bool:
-        stats = self.client.stats(name)
-        return stats.ready + stats.delayed + stats.in_flight > 0
+    def _busy(self, names: tuple[str, ...]) -> bool:
+        """Whether any of ``names`` holds a message, read from one state: a message moving
+        from the delay queue to its queue between two reads would otherwise be missed."""
+        every = self.client.submit(
+            lambda state, now: [state.stats(name, now) for name in names], latest=True
+        ).result()
+        return any(stats.ready + stats.delayed + stats.in_flight > 0 for stats in every)
 
     def _raise_failure(self, queue_name: str) -> None:
         for message in self.dead_letters_of(queue_name):

@@ -93,10 +93,12 @@ def _wait_drained(url: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     with Queue(url) as queue:
         while time.monotonic() < deadline:
-            busy = 0
-            for name in (APP_QUEUE, f"{APP_QUEUE}.DQ"):
-                stats = queue.stats(name)
-                busy += stats.ready + stats.delayed + stats.in_flight
+            # Both queues from one state: a message moving between them is never missed.
+            names = (APP_QUEUE, f"{APP_QUEUE}.DQ")
+            every = queue.submit(
+                lambda state, now: [state.stats(name, now) for name in names], latest=True
+            ).result()
+            busy = sum(stats.ready + stats.delayed + stats.in_flight for stats in every)
             if busy == 0:
                 return
             time.sleep(0.5)
