@@ -122,6 +122,8 @@ class QueueState:
         #: change to a job passes through an index update (or ``externalize``), which marks it.
         self._raw: dict[str, msgspec.Raw] = {}
         self._stale: set[str] = set()
+        #: No dead letter or idempotency key expires before this time (-inf: not yet known).
+        self._sweep_at = float("-inf")
         for job in self.jobs.values():
             self._members.setdefault(job.queue, set()).add(job.id)
             self._push_timed(job)
@@ -222,6 +224,7 @@ class QueueState:
         if updated != current:
             self.doc.queues[queue] = updated
             self.dirty = True
+            self._sweep_at = float("-inf")  # a new retention moves expiry times
         return updated
 
     def purge(self, queue: str) -> int:
@@ -296,6 +299,7 @@ class QueueState:
             if item.key is not None:
                 expires = now + config.idempotency_seconds
                 self.doc.keys[_key_slot(item.queue, item.key)] = KeyRecord(job.id, expires)
+                self._sweep_at = min(self._sweep_at, expires)
             self.dirty = True
             created.append(snapshot(job))
         return created
@@ -433,6 +437,7 @@ class QueueState:
         job.error = error
         job.finished_at = now
         self.dead[job.id] = job
+        self._sweep_at = min(self._sweep_at, self._dead_expiry(job))
         self.finished.append(Finished("dead", snapshot(job)))
 
     def release(self, held: list[tuple[str, str]], now: float) -> list[bool]:
@@ -462,16 +467,31 @@ class QueueState:
                     expired += 1
                 else:
                     self._push_ready(job)
+        if now >= self._sweep_at:  # every commit calls this: scan retention only when due
+            self._sweep(now)
+        return expired
+
+    def _dead_expiry(self, job: Job) -> float:
+        ttl = self.doc.queues.get(job.queue, QueueConfig()).dead_ttl_seconds
+        return (job.finished_at or 0.0) + ttl
+
+    def _sweep(self, now: float) -> None:
+        """Drop dead letters and idempotency keys past retention; note when the next is due."""
+        upcoming = float("inf")
         for job_id, job in list(self.dead.items()):
-            ttl = self.doc.queues.get(job.queue, QueueConfig()).dead_ttl_seconds
-            if (job.finished_at or 0.0) + ttl <= now:
+            due = self._dead_expiry(job)
+            if due <= now:
                 self._drop_body(self.dead.pop(job_id))
                 self.dirty = True
+            else:
+                upcoming = min(upcoming, due)
         for slot, record in list(self.doc.keys.items()):
             if record.expires_at <= now:
                 del self.doc.keys[slot]
                 self.dirty = True
-        return expired
+            else:
+                upcoming = min(upcoming, record.expires_at)
+        self._sweep_at = upcoming
 
     # --- dead letters ----------------------------------------------------------------------
 
