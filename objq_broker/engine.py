@@ -29,11 +29,11 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import msgspec
 
+from objq_broker.archive import archive_key
 from objq_broker.bodies import BodyCache, bodies_key, encode_bodies
 from objq_broker.errors import (
     AccessDenied,
@@ -64,8 +64,6 @@ log = logging.getLogger("objq_broker.engine")
 
 #: The state object's key under the store's prefix.
 STATE_KEY = "state.json"
-#: Folder of the archive of finished jobs.
-ARCHIVE_PREFIX = "archive/"
 #: Most operations one commit applies.
 DEFAULT_MAX_BATCH_OPS = 5000
 #: Most payload bytes one commit adds.
@@ -443,8 +441,7 @@ class Engine:
                 self.metrics.bodies_writes += 1
         if self.archive and attempt.finished:
             # Archive first: a job leaves the state only once its record is stored.
-            hour = datetime.fromtimestamp(now, UTC).strftime("%Y/%m/%d/%H")
-            key = f"{ARCHIVE_PREFIX}{hour}/{attempt.commit_id}.jsonl"
+            key = archive_key(attempt.commit_id, now)
             records = [
                 ArchiveRecord(f.outcome, attempt.commit_id, self._inline(f.job))
                 for f in attempt.finished
