@@ -18,15 +18,17 @@ import argparse
 import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+# Run as a script, this folder is on sys.path but tests/ (the shared sdist helper) is not.
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+import upstream_sdist
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -69,65 +71,22 @@ def installed_version() -> str:
 
 def fetch_sdist(version: str, cache_dir: Path = CACHE_DIR) -> Path:
     """The sdist of ``dramatiq==version``, downloaded with pip on first use."""
-    found = sorted(cache_dir.glob(f"dramatiq-{version}.tar.gz"))
-    if found:
-        return found[0]
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-        f"dramatiq=={version}", "-d", str(cache_dir),
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    found = sorted(cache_dir.glob(f"dramatiq-{version}.tar.gz"))
-    if done.returncode != 0 or not found:
-        raise RuntimeError(
-            f"pip download of the dramatiq=={version} sdist into {cache_dir} failed "
-            f"(exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
-        )
-    return found[0]
+    return upstream_sdist.fetch_sdist("dramatiq", version, cache_dir)
 
 
 def unpack_suite(sdist: Path, version: str, cache_dir: Path = CACHE_DIR) -> Path:
     """Unpack the sdist's ``tests/`` (only: its ``dramatiq/`` must not shadow the installed one)
     and (re)write our support files. Returns the suite's root (the parent of ``tests/``)."""
     root = cache_dir / f"dramatiq-{version}-suite"
-    if not (root / "tests").is_dir():
-        prefix = f"dramatiq-{version}/tests/"
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=cache_dir))
-        try:
-            with tarfile.open(sdist) as archive:
-                members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
-                if not members:
-                    raise RuntimeError(f"{sdist}: no {prefix} folder in the sdist")
-                for member in members:
-                    member.name = "tests/" + member.name[len(prefix) :]
-                archive.extractall(staging, members=members, filter="data")
-            with_tests = staging / "suite"
-            with_tests.mkdir()
-            (staging / "tests").rename(with_tests / "tests")
-            try:
-                with_tests.rename(root)
-            except OSError:  # another run unpacked it first
-                if not (root / "tests").is_dir():
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    upstream_sdist.unpack_paths(sdist, f"dramatiq-{version}", ["tests"], root)
     tests = root / "tests"
-    _write(tests / "__init__.py", "")
-    _write(tests / "conftest.py", (HERE / "upstream_conftest.py").read_text())
-    _write(tests / "common.py", (HERE / "upstream_common.py").read_text())
-    _write(root / "pytest.ini", _INI)
+    upstream_sdist.write_if_changed(tests / "__init__.py", "")
+    upstream_sdist.write_if_changed(
+        tests / "conftest.py", (HERE / "upstream_conftest.py").read_text()
+    )
+    upstream_sdist.write_if_changed(tests / "common.py", (HERE / "upstream_common.py").read_text())
+    upstream_sdist.write_if_changed(root / "pytest.ini", _INI)
     return root
-
-
-def _write(path: Path, text: str) -> None:
-    if path.exists() and path.read_text() == text:
-        return
-    fd, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(staged, path)
 
 
 def prepare_suite() -> Path:

@@ -1,0 +1,86 @@
+"""Fetch a project's sdist and unpack some of its folders: how upstream test suites get here.
+
+Shared by ``dramatiq_suite/`` and ``celery_suite/``. The sdist of the *installed* version is
+downloaded once with ``pip download`` into ``.upstream/<project>/`` (git-ignored) and only the
+named folders are unpacked, so the project's own package in the sdist can never shadow the
+installed one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Cached sdists and unpacked suites live under here, one folder per project.
+UPSTREAM_DIR = ROOT / ".upstream"
+
+
+def fetch_sdist(project: str, version: str, cache_dir: Path) -> Path:
+    """The sdist of ``project==version`` in ``cache_dir``, downloaded with pip on first use."""
+    pattern = f"{project}-{version}.tar.gz"
+    found = sorted(cache_dir.glob(pattern))
+    if found:
+        return found[0]
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+        f"{project}=={version}", "-d", str(cache_dir),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    found = sorted(cache_dir.glob(pattern))
+    if done.returncode != 0 or not found:
+        raise RuntimeError(
+            f"pip download of the {project}=={version} sdist into {cache_dir} failed "
+            f"(exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
+        )
+    return found[0]
+
+
+def unpack_paths(sdist: Path, top: str, paths: Sequence[str], root: Path) -> Path:
+    """Unpack ``paths`` (files or folders, relative to the sdist's ``top`` folder) into ``root``.
+
+    Done once: when the first of ``paths`` is already there, nothing is unpacked. The paths are
+    staged in a temporary folder and moved into place with one rename, so two runs racing
+    (or one killed half-way) never leave a half-unpacked suite behind.
+    """
+    if (root / paths[0]).exists():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=root.parent))
+    try:
+        with tarfile.open(sdist) as archive:
+            members = []
+            for member in archive.getmembers():
+                inner = member.name.removeprefix(f"{top}/")
+                if any(inner == path or inner.startswith(f"{path}/") for path in paths):
+                    member.name = f"suite/{inner}"
+                    members.append(member)
+            missing = [p for p in paths if not any(m.name == f"suite/{p}" for m in members)]
+            if missing:
+                raise RuntimeError(f"{sdist}: expected {missing} under {top}/, found none")
+            archive.extractall(staging, members=members, filter="data")
+        try:
+            (staging / "suite").rename(root)
+        except OSError:  # another run unpacked it first
+            if not (root / paths[0]).exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return root
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, unless it already holds exactly that."""
+    if path.exists() and path.read_text() == text:
+        return
+    fd, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(staged, path)
