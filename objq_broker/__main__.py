@@ -1,5 +1,7 @@
-"""``python -m objq_broker``: the demo run."""
+"""``python -m objq_broker``: the same as ``objq demo`` (it takes the same options)."""
 
-from objq_broker.demo import main
+import sys
 
-main()
+from objq_broker.cli import main
+
+sys.exit(main(["demo", *sys.argv[1:]]))

@@ -1,0 +1,128 @@
+"""``objq``: inspect and operate queues, run command jobs, and run the demo.
+
+Every command takes ``--url`` (or ``$OBJQ_URL``), ``--json`` and ``--debug``. Exit status: 0
+ok; 1 an operational error (storage unreachable, bucket missing, state corrupt, no such queue
+or job, a declined confirmation); 2 a usage error (bad option, bad URL, bad input). Errors are
+one line on stderr; ``--debug`` adds the traceback. See ``docs/cli.md``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+
+from objq_broker.errors import ConfigurationError, ObjqError
+
+#: Exit statuses.
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+#: Global options that take a value (needed to find the command word before parsing).
+_VALUED_GLOBALS = ("--url",)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one ``objq`` command; returns its exit status."""
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args_in
+    try:
+        return _run(args_in)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except BrokenPipeError:  # `objq archive cat | head`: the reader has what it wanted
+        _silence_stdout()
+        return EXIT_OK
+    except BaseException as exc:
+        return _report(exc, debug)
+
+
+def _run(argv: list[str]) -> int:
+    from objq_broker.cli.context import Context
+    from objq_broker.cli.output import UsageError
+    from objq_broker.cli.parser import build_parser
+
+    command, at = _command_word(argv)
+    tail: list[str] = []
+    if command == "report":
+        argv, tail = argv[: at + 1], argv[at + 1 :]
+    elif command == "enqueue-cmd":
+        if "--" not in argv:
+            raise UsageError("enqueue-cmd: expected QUEUE [options] -- COMMAND [ARGS...]")
+        split = argv.index("--")
+        argv, tail = argv[:split], argv[split + 1 :]
+    args = build_parser().parse_args(argv)
+    args.argv = tail
+    if command == "report":
+        return _report_command(args.__dict__.get("url"), tail)
+    context = Context(args)
+    try:
+        status: int = args.handler(context)
+        return status
+    finally:
+        context.close()
+
+
+def _command_word(argv: list[str]) -> tuple[str | None, int]:
+    """The command (first word that is not a global option or its value), and where it is."""
+    skip = False
+    for index, word in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if word in _VALUED_GLOBALS:
+            skip = True
+            continue
+        if not word.startswith("-"):
+            return word, index
+    return None, len(argv)
+
+
+def _report_command(url: str | None, rest: list[str]) -> int:
+    """``objq report ...``: the Spark reports, imported only when asked for."""
+    try:
+        report = importlib.import_module("objq_broker.report")
+    except ModuleNotFoundError as exc:
+        sys.stderr.write(
+            f"objq: error: objq report needs the Spark extra ({exc}); install it with: "
+            "pip install 'objq-broker[spark]'\n"
+        )
+        return EXIT_ERROR
+    if url:
+        os.environ["OBJQ_URL"] = url  # the report reads the store from the environment
+    status: int = report.main(rest)
+    return status
+
+
+def _report(exc: BaseException, debug: bool) -> int:
+    from objq_broker.cli.output import Cancelled, UsageError
+
+    if debug:
+        traceback.print_exception(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        sys.stderr.write("objq: interrupted\n")
+        return EXIT_ERROR
+    if isinstance(exc, UsageError | ConfigurationError):
+        sys.stderr.write(f"objq: error: {_one_line(exc)}\n")
+        return EXIT_USAGE
+    if isinstance(exc, Cancelled | ObjqError):
+        sys.stderr.write(f"objq: {_one_line(exc)}\n")
+        return EXIT_ERROR
+    if isinstance(exc, OSError):
+        sys.stderr.write(f"objq: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": ") + "\n")
+        return EXIT_ERROR
+    sys.stderr.write(
+        f"objq: unexpected {type(exc).__name__}: {_one_line(exc)} (run with --debug for the "
+        "traceback, and please report it)\n"
+    )
+    return EXIT_ERROR
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout again at exit; point it at /dev/null so that does not fail too.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

@@ -1,0 +1,70 @@
+"""What every ``objq`` command gets: its parsed options, the store, and the output mode."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from objq_broker.cli.output import UsageError, print_json
+from objq_broker.cli.snapshot import Snapshot, open_existing
+from objq_broker.options import URL_ENV
+from objq_broker.queue import Queue
+from objq_broker.storage import ObjectStore, open_store
+
+
+@dataclass
+class Context:
+    """One run of one command. Opens the store and the queue lazily and closes them at the end."""
+
+    args: argparse.Namespace
+    _store: ObjectStore | None = field(default=None, init=False)
+    _queue: Queue | None = field(default=None, init=False)
+
+    @property
+    def json(self) -> bool:
+        return bool(getattr(self.args, "json", False))
+
+    @property
+    def yes(self) -> bool:
+        return bool(getattr(self.args, "yes", False))
+
+    @property
+    def url(self) -> str:
+        url: str | None = getattr(self.args, "url", None) or os.environ.get(URL_ENV)
+        if not url:
+            raise UsageError(
+                f"no store given: pass --url (file:///var/lib/objq, s3://bucket/prefix, "
+                f"gs://bucket/prefix) or set ${URL_ENV}"
+            )
+        return url
+
+    def store(self, *, create: bool = False) -> ObjectStore:
+        """The store; a local directory must already exist unless ``create``."""
+        if self._store is None:
+            self._store = open_store(self.url) if create else open_existing(self.url)
+        return self._store
+
+    def snapshot(self, *, create: bool = False) -> Snapshot:
+        """The state as stored now (read-only). Reading it first makes an unreachable store,
+        a missing bucket or a corrupt state fail at once, before anything is submitted."""
+        return Snapshot.read(self.store(create=create))
+
+    def queue(self, *, create: bool = False) -> Queue:
+        if self._queue is None:
+            self._queue = Queue(store=self.store(create=create))
+        return self._queue
+
+    def emit(self, value: Any, text: str) -> None:
+        """Print ``value`` as JSON with ``--json``, else ``text``."""
+        if self.json:
+            print_json(value)
+        elif text:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self._queue.close()
+        if self._store is not None:
+            self._store.close()

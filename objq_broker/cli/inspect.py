@@ -1,0 +1,262 @@
+"""Commands that only read: ``status``, ``jobs list|show``, ``dead list``, ``config show``,
+``archive list|cat``. None of them writes to the store."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from objq_broker.cli.context import Context
+from objq_broker.cli.output import UsageError, age, print_json, size, table, when
+from objq_broker.cli.snapshot import Snapshot, job_dict, payload_fields, payload_preview
+from objq_broker.errors import JobNotFound
+from objq_broker.records import Job
+
+#: Units accepted in durations (``90s``, ``15m``, ``2h``, ``7d``).
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``15m``, ``2h`` or ``7d``."""
+    raw = text.strip().lower()
+    unit = DURATION_UNITS.get(raw[-1:])
+    number = raw[:-1] if unit is not None else raw
+    try:
+        seconds = float(number) * (unit or 1.0)
+    except ValueError:
+        raise UsageError(
+            f"duration: expected a number of seconds or a number with s/m/h/d, found {text!r}"
+        ) from None
+    if seconds < 0:
+        raise UsageError(f"duration: expected zero or more, found {text!r}")
+    return seconds
+
+
+def parse_time(text: str) -> float:
+    """A Unix time from an ISO 8601 date/time (UTC unless it says otherwise), a Unix time
+    in seconds, or a duration (``2h``) meaning that long ago."""
+    raw = text.strip()
+    try:
+        stamp = datetime.fromisoformat(raw)
+    except ValueError:
+        pass
+    else:
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=UTC)
+        return stamp.timestamp()
+    if raw[-1:].lower() in DURATION_UNITS:
+        return time.time() - parse_duration(raw)
+    try:
+        return float(raw)
+    except ValueError:
+        raise UsageError(
+            f"time: expected ISO 8601 (2026-11-26T10:00), Unix seconds or an age (2h), "
+            f"found {text!r}"
+        ) from None
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+def status_dict(snap: Snapshot) -> dict[str, Any]:
+    doc = snap.doc
+    queues = []
+    for name in snap.state.queue_names():
+        stats = snap.state.stats(name, snap.read_at)
+        queues.append(
+            {
+                "queue": name,
+                "ready": stats.ready,
+                "delayed": stats.delayed,
+                "in_flight": stats.in_flight,
+                "dead": stats.dead,
+                "oldest_ready_age_seconds": stats.oldest_ready_age_seconds,
+            }
+        )
+    return {
+        "url": snap.store.url,
+        "exists": snap.exists,
+        "version": doc.version,
+        "size_bytes": snap.size_bytes,
+        "committed_at": doc.committed_at or None,
+        "read_at": snap.read_at,
+        "queues": queues,
+    }
+
+
+def status_text(status: dict[str, Any]) -> str:
+    if not status["exists"]:
+        return f"{status['url']}: no state yet (nothing was ever enqueued here)"
+    committed = status["committed_at"]
+    since = None if committed is None else max(status["read_at"] - committed, 0.0)
+    head = (
+        f"{status['url']}  state version {status['version']:,}, {size(status['size_bytes'])}, "
+        f"last commit {when(committed)} ({age(since)} ago)"
+    )
+    rows = [
+        [
+            q["queue"],
+            q["ready"],
+            q["delayed"],
+            q["in_flight"],
+            q["dead"],
+            age(q["oldest_ready_age_seconds"]),
+        ]
+        for q in status["queues"]
+    ]
+    if not rows:
+        return head + "\nno queues declared"
+    headers = ["QUEUE", "READY", "DELAYED", "IN FLIGHT", "DEAD", "OLDEST READY"]
+    return head + "\n" + table(headers, rows)
+
+
+def cmd_status(ctx: Context) -> int:
+    watch = ctx.args.watch
+    if watch is None:
+        status = status_dict(ctx.snapshot())
+        ctx.emit(status, status_text(status))
+        return 0
+    interval = parse_duration(watch)
+    clear = sys.stdout.isatty() and not ctx.json
+    try:
+        while True:
+            status = status_dict(ctx.snapshot())
+            if clear:
+                sys.stdout.write("\x1b[H\x1b[2J")
+            ctx.emit(status, status_text(status))
+            time.sleep(max(interval, 0.1))
+    except KeyboardInterrupt:  # the way to leave --watch
+        return 0
+
+
+# --- jobs ------------------------------------------------------------------------------------
+
+
+def cmd_jobs_list(ctx: Context) -> int:
+    snap = ctx.snapshot()
+    rows = snap.state.list_jobs(ctx.args.queue, snap.read_at, ctx.args.state, ctx.args.limit)
+    if ctx.json:
+        print_json([job_dict(job, state) for state, job in rows])
+        return 0
+    print(jobs_table(rows, snap.read_at) if rows else f"queue {ctx.args.queue!r}: no jobs")
+    return 0
+
+
+def jobs_table(rows: list[tuple[str, Job]], now: float) -> str:
+    def note(state: str, job: Job) -> str:
+        if state == "delayed":
+            return f"in {age(job.visible_at - now)}"
+        if state == "in-flight" and job.lease is not None:
+            return f"{job.lease.owner}, lease {age(max(job.lease.expires_at - now, 0))}"
+        return job.error or ""
+
+    return table(
+        ["ID", "STATE", "PRI", "ATTEMPTS", "PAYLOAD", "NOTE"],
+        [
+            [
+                job.id,
+                state,
+                job.priority,
+                f"{job.attempts}/{job.max_attempts}",
+                payload_preview(job),
+                note(state, job)[:60],
+            ]
+            for state, job in rows
+        ],
+    )
+
+
+def cmd_jobs_show(ctx: Context) -> int:
+    snap = ctx.snapshot()
+    found = snap.state.find(ctx.args.id, snap.read_at)
+    if found is None:
+        raise JobNotFound(
+            f"job {ctx.args.id!r}: not in the state of {snap.store.url} (finished jobs are in "
+            "the archive: objq archive cat)"
+        )
+    state, job = found
+    record = job_dict(snap.fill(job), state)
+    if ctx.json:
+        print_json(record)
+        return 0
+    for name, value in record.items():
+        shown = f"{when(value)} ({value})" if name.endswith("_at") and value else value
+        print(f"{name:>16}: {'-' if shown is None else shown}")
+    return 0
+
+
+def cmd_dead_list(ctx: Context) -> int:
+    ctx.args.state = "dead"
+    ctx.args.limit = None
+    return cmd_jobs_list(ctx)
+
+
+# --- config ----------------------------------------------------------------------------------
+
+
+def cmd_config_show(ctx: Context) -> int:
+    snap = ctx.snapshot()
+    names = [ctx.args.queue] if ctx.args.queue else snap.state.queue_names()
+    configs = {name: snap.state.config(name) for name in names}
+    if ctx.json:
+        print_json({name: _config_dict(config) for name, config in configs.items()})
+        return 0
+    if not configs:
+        print("no queues declared")
+        return 0
+    fields = list(_config_dict(next(iter(configs.values()))))
+    rows = [[name, *_config_dict(config).values()] for name, config in configs.items()]
+    print(table(["QUEUE", *(f.replace("_seconds", " (s)") for f in fields)], rows))
+    return 0
+
+
+def _config_dict(config: object) -> dict[str, Any]:
+    import msgspec
+
+    out: dict[str, Any] = msgspec.to_builtins(config)
+    return out
+
+
+# --- archive ---------------------------------------------------------------------------------
+
+
+def _range(ctx: Context) -> tuple[float | None, float | None]:
+    since = None if ctx.args.since is None else parse_time(ctx.args.since)
+    until = None if ctx.args.until is None else parse_time(ctx.args.until)
+    if since is not None and until is not None and until <= since:
+        raise UsageError(f"--until ({when(until)}) must be later than --since ({when(since)})")
+    return since, until
+
+
+def cmd_archive_list(ctx: Context) -> int:
+    from objq_broker.archive import archive_keys, key_hour
+
+    since, until = _range(ctx)
+    keys = archive_keys(ctx.store(), since, until)
+    if ctx.json:
+        print_json([{"key": k, "hour": key_hour(k).isoformat()} for k in keys])
+    elif keys:
+        print(table(["HOUR (UTC)", "KEY"], [[f"{key_hour(k):%Y-%m-%d %H}h", k] for k in keys]))
+    else:
+        print("no archive objects in range")
+    return 0
+
+
+def cmd_archive_cat(ctx: Context) -> int:
+    """Archive records as JSON lines (``--json`` or not: they are records, not a report)."""
+    from objq_broker.archive import iter_archive
+
+    since, until = _range(ctx)
+    wanted = ctx.args.queue
+    for record in iter_archive(ctx.store(), since, until):
+        job = record.job
+        if wanted is not None and job.queue != wanted:
+            continue
+        line = {"outcome": record.outcome, "commit_id": record.commit_id}
+        line.update(job_dict(job, record.outcome, payload=False))
+        del line["state"]
+        line.update(payload_fields(job))
+        print_json(line)
+    return 0

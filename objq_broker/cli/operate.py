@@ -1,0 +1,265 @@
+"""Commands that change a namespace: ``declare``, ``enqueue``, ``enqueue-cmd``,
+``dead retry|purge``, ``purge``, ``requeue-stale``, ``config set`` and ``worker``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from objq_broker.cli import cmdjob
+from objq_broker.cli.context import Context
+from objq_broker.cli.inspect import _config_dict, parse_duration
+from objq_broker.cli.output import Cancelled, Progress, UsageError, confirm
+
+#: Jobs per commit of a bulk enqueue (each batch is all-or-none).
+DEFAULT_ENQUEUE_BATCH = 1000
+#: Settings of ``config set`` and ``declare``: the short name and the stored field.
+SETTINGS = {
+    "max-attempts": "max_attempts",
+    "backoff-base": "backoff_base_seconds",
+    "backoff-cap": "backoff_cap_seconds",
+    "lease": "lease_seconds",
+    "dead-ttl": "dead_ttl_seconds",
+    "idempotency": "idempotency_seconds",
+}
+
+
+def setting_value(name: str, raw: str) -> tuple[str, float | int]:
+    """The stored field and value for a setting given as ``lease 30s`` or ``max_attempts 3``."""
+    lookup = {**SETTINGS, **{field: field for field in SETTINGS.values()}}
+    stored = lookup.get(name) or lookup.get(name.replace("_", "-"))
+    if stored is None:
+        raise UsageError(f"setting {name!r}: expected one of {', '.join(SETTINGS)}")
+    if stored == "max_attempts":
+        try:
+            return stored, int(raw)
+        except ValueError:
+            raise UsageError(f"max-attempts: expected a whole number, found {raw!r}") from None
+    return stored, parse_duration(raw)
+
+
+def _settings(ctx: Context) -> dict[str, float | int]:
+    given = {name: getattr(ctx.args, name.replace("-", "_"), None) for name in SETTINGS}
+    return dict(setting_value(name, str(raw)) for name, raw in given.items() if raw is not None)
+
+
+def cmd_declare(ctx: Context) -> int:
+    ctx.snapshot(create=True)
+    queue = ctx.queue(create=True)
+    settings = _settings(ctx)
+    created = queue.declare(ctx.args.queue, **settings)
+    config = queue.configure(ctx.args.queue, **settings) if settings and not created else None
+    config = config or queue.config(ctx.args.queue)
+    result = {"queue": ctx.args.queue, "created": created, "config": _config_dict(config)}
+    ctx.emit(result, f"queue {ctx.args.queue!r} {'declared' if created else 'already declared'}")
+    return 0
+
+
+def cmd_config_set(ctx: Context) -> int:
+    ctx.snapshot()
+    stored, value = setting_value(ctx.args.key, ctx.args.value)
+    config = ctx.queue().configure(ctx.args.queue, **{stored: value})
+    ctx.emit(
+        {"queue": ctx.args.queue, "config": _config_dict(config)},
+        f"queue {ctx.args.queue!r}: {stored} = {value:g}",
+    )
+    return 0
+
+
+# --- enqueue ---------------------------------------------------------------------------------
+
+
+def _enqueue_options(ctx: Context) -> dict[str, Any]:
+    a = ctx.args
+    return {
+        "priority": a.priority,
+        "delay": None if a.delay is None else parse_duration(a.delay),
+        "max_attempts": a.max_attempts,
+    }
+
+
+def cmd_enqueue(ctx: Context) -> int:
+    a = ctx.args
+    given = [name for name in ("payload", "file", "jsonl") if getattr(a, name) is not None]
+    if len(given) != 1:
+        raise UsageError(
+            "enqueue: expected exactly one of PAYLOAD, --file F or --jsonl F, found "
+            + (", ".join(given) or "none")
+        )
+    if a.key is not None and a.payload is None:
+        raise UsageError("enqueue: --key names one job; it cannot be used with --file or --jsonl")
+    options = _enqueue_options(ctx)
+    if a.payload is not None:
+        return _enqueue_one(ctx, a.payload.encode(), key=a.key, **options)
+    payloads = list(_read_payloads(a.file or a.jsonl, jsonl=a.jsonl is not None))
+    ctx.snapshot(create=True)
+    queue = ctx.queue(create=True)
+    bar = Progress(len(payloads), f"enqueue {a.queue}", enabled=None if not ctx.json else False)
+    ids: list[str] = []
+    try:
+        for start in range(0, len(payloads), a.batch):
+            jobs = queue.enqueue_many(a.queue, payloads[start : start + a.batch], **options)
+            ids.extend(job.id for job in jobs)
+            bar.update(len(ids))
+    except KeyboardInterrupt:
+        raise Cancelled(
+            f"interrupted: {len(ids)} of {len(payloads)} jobs were enqueued to {a.queue!r}, "
+            "the rest were not"
+        ) from None
+    finally:
+        bar.close()
+    commits = -(-len(payloads) // a.batch)
+    ctx.emit(
+        {"queue": a.queue, "enqueued": len(ids), "ids": ids},
+        f"enqueued {len(ids):,} jobs to {a.queue!r} in {commits} commits",
+    )
+    return 0
+
+
+def _enqueue_one(ctx: Context, payload: bytes, *, key: str | None, **options: Any) -> int:
+    ctx.snapshot(create=True)
+    job = ctx.queue(create=True).enqueue(ctx.args.queue, payload, key=key, **options)
+    ctx.emit({"queue": ctx.args.queue, "enqueued": 1, "ids": [job.id]}, job.id)
+    return 0
+
+
+def _read_payloads(path: str, *, jsonl: bool) -> Iterator[bytes]:
+    """One payload per non-empty line (``-`` reads stdin); JSON lines are checked first, so a
+    bad line refuses the whole file before anything is enqueued."""
+    if path == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise UsageError(f"enqueue: cannot read {path!r}: {exc.strerror or exc}") from None
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        if jsonl:
+            try:
+                json.loads(line)
+            except ValueError as exc:
+                raise UsageError(
+                    f"{path}, line {number}: expected a JSON document, found {line[:40]!r} ({exc})"
+                ) from None
+        yield line.strip() if jsonl else line
+
+
+def cmd_enqueue_cmd(ctx: Context) -> int:
+    a = ctx.args
+    argv = list(a.argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("enqueue-cmd: expected a command after '--', found none")
+    env: dict[str, str] = {}
+    for item in a.env or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--env: expected NAME=VALUE, found {item!r}")
+        env[name] = value
+    job = cmdjob.CommandJob(
+        argv=[" ".join(argv)] if a.shell else argv,
+        shell=a.shell,
+        timeout=None if a.timeout is None else parse_duration(a.timeout),
+        env=env,
+        cwd=a.cwd,
+    )
+    return _enqueue_one(ctx, job.encode(), key=a.key, **_enqueue_options(ctx))
+
+
+# --- dead letters, purge, stale leases -------------------------------------------------------
+
+
+def _chosen_ids(ctx: Context, what: str) -> list[str] | None:
+    if bool(ctx.args.ids) == bool(ctx.args.all):
+        raise UsageError(
+            f"dead {what}: expected job ids or --all (one of them), found "
+            + ("both" if ctx.args.ids else "neither")
+        )
+    return None if ctx.args.all else list(ctx.args.ids)
+
+
+def cmd_dead_retry(ctx: Context) -> int:
+    ids = _chosen_ids(ctx, "retry")
+    ctx.snapshot()
+    retried = ctx.queue().retry_dead(ctx.args.queue, ids)
+    ctx.emit(
+        {"queue": ctx.args.queue, "retried": retried},
+        f"queue {ctx.args.queue!r}: {len(retried)} dead letters back in the queue",
+    )
+    return 0
+
+
+def cmd_dead_purge(ctx: Context) -> int:
+    ids = _chosen_ids(ctx, "purge")
+    snap = ctx.snapshot()
+    count = len(snap.state.dead_letters(ctx.args.queue)) if ids is None else len(ids)
+    confirm(f"delete {count} dead letters of queue {ctx.args.queue!r} for good?", yes=ctx.yes)
+    purged = ctx.queue().purge_dead(ctx.args.queue, ids)
+    ctx.emit(
+        {"queue": ctx.args.queue, "purged": purged},
+        f"queue {ctx.args.queue!r}: {purged} dead letters deleted",
+    )
+    return 0
+
+
+def cmd_purge(ctx: Context) -> int:
+    snap = ctx.snapshot()
+    stats = snap.state.stats(ctx.args.queue, snap.read_at)
+    count = stats.ready + stats.delayed
+    confirm(
+        f"delete the {count} ready and delayed jobs of queue {ctx.args.queue!r} for good?",
+        yes=ctx.yes,
+    )
+    purged = ctx.queue().purge(ctx.args.queue)
+    ctx.emit(
+        {"queue": ctx.args.queue, "purged": purged},
+        f"queue {ctx.args.queue!r}: {purged} jobs deleted (jobs in flight finish normally)",
+    )
+    return 0
+
+
+def cmd_requeue_stale(ctx: Context) -> int:
+    ctx.snapshot()
+    count = ctx.queue().expire()
+    ctx.emit({"requeued": count}, f"{count} jobs whose lease had expired are back in their queue")
+    return 0
+
+
+# --- worker ----------------------------------------------------------------------------------
+
+
+def cmd_worker(ctx: Context) -> int:
+    from objq_broker.cli.worker import CommandWorker
+
+    a = ctx.args
+    if a.count < 1 or (a.prefetch is not None and a.prefetch < 0):
+        raise UsageError(
+            f"worker: expected --count >= 1 and --prefetch >= 0, found {a.count} and {a.prefetch}"
+        )
+    ctx.snapshot()
+    queue = ctx.queue()
+    queue.declare(a.queue)  # a worker may well start before the first job is enqueued
+    worker = CommandWorker(
+        queue,
+        a.queue,
+        count=a.count,
+        prefetch=a.count if a.prefetch is None else a.prefetch,
+        default_timeout=None if a.timeout is None else parse_duration(a.timeout),
+        burst=a.burst,
+        json=ctx.json,
+    )
+    worker.install_signal_handlers()
+    tally = worker.run()
+    ctx.emit({"event": "stopped", **tally.as_dict()}, "")
+    if not ctx.json:
+        print(
+            "objq worker: stopped; " + ", ".join(f"{k} {v}" for k, v in tally.as_dict().items()),
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,171 @@
+"""What the ``objq`` command prints: tables for people, JSON for scripts, a progress bar, and
+the confirmation asked before anything is deleted.
+
+Results go to stdout; progress, prompts and errors go to stderr, so ``objq ... --json | jq``
+always receives clean JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+#: Seconds between two redraws of a progress bar (drawing costs more than the work it shows).
+PROGRESS_REDRAW_SECONDS = 0.1
+#: Characters of the bar itself.
+PROGRESS_WIDTH = 30
+
+
+class UsageError(Exception):
+    """The command line asks for something impossible; ``objq`` exits with status 2."""
+
+
+class Cancelled(Exception):
+    """The operator declined a confirmation; ``objq`` exits with status 1."""
+
+
+def print_json(value: Any, stream: TextIO | None = None) -> None:
+    """One JSON document on one line."""
+    target = sys.stdout if stream is None else stream
+    target.write(json.dumps(value, separators=(",", ":"), ensure_ascii=False) + "\n")
+    target.flush()
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain aligned table; numbers are right-aligned."""
+    cells = [[_cell(value) for value in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, text in enumerate(row):
+            widths[i] = max(widths[i], len(text))
+    numeric = [
+        all(isinstance(row[i], int | float) or row[i] is None for row in rows) and bool(rows)
+        for i in range(len(headers))
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(widths[i]) if numeric[i] else v.ljust(widths[i]) for i, v in enumerate(values)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(list(headers)), *(line(row) for row in cells)])
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def when(at: float | None) -> str:
+    """A Unix time as ``2026-11-26 02:44:03Z``, or '-'."""
+    if not at:
+        return "-"
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def iso(at: float | None) -> str | None:
+    return None if not at else datetime.fromtimestamp(at, UTC).isoformat()
+
+
+def age(seconds: float | None) -> str:
+    """A duration for people: ``42 s``, ``3 min``, ``2.5 h``, ``4.0 d``."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def confirm(question: str, *, yes: bool, stdin: TextIO | None = None) -> None:
+    """Ask ``question`` on stderr and read the answer from stdin; :class:`Cancelled` unless it
+    is yes. ``yes`` (the ``--yes`` flag) skips the question. Without a terminal on stdin there
+    is nobody to ask, so the command is refused rather than guessed."""
+    if yes:
+        return
+    source = sys.stdin if stdin is None else stdin
+    if source is None or not source.isatty():
+        raise UsageError(
+            f"{question.rstrip('?')}: confirmation needed, but stdin is not a terminal; "
+            "pass --yes to confirm"
+        )
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    answer = source.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise Cancelled(f"cancelled: the answer was {answer!r}, not 'yes'")
+
+
+class Progress:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal.
+
+    >>> bar = Progress(100, "enqueue", enabled=False)
+    >>> bar.update(50)
+    >>> bar.close()
+    """
+
+    def __init__(
+        self,
+        total: int,
+        label: str,
+        *,
+        stream: TextIO | None = None,
+        enabled: bool | None = None,
+    ) -> None:
+        self.total = max(total, 0)
+        self.label = label
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.done = 0
+        self.note = ""
+        self._started = time.monotonic()
+        self._drawn = 0.0
+
+    def update(self, done: int, note: str = "") -> None:
+        self.done = min(done, self.total) if self.total else done
+        self.note = note
+        now = time.monotonic()
+        if self.enabled and now - self._drawn >= PROGRESS_REDRAW_SECONDS:
+            self._drawn = now
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        fraction = self.done / self.total if self.total else 1.0
+        filled = int(fraction * PROGRESS_WIDTH)
+        rate = self.done / max(now - self._started, 1e-9)
+        bar = "#" * filled + "." * (PROGRESS_WIDTH - filled)
+        text = (
+            f"\r{self.label} [{bar}] {self.done:,}/{self.total:,} {fraction:4.0%} "
+            f"{rate:,.0f}/s {self.note}"
+        )
+        self.stream.write(text.ljust(79) + "\x1b[K")
+        self.stream.flush()
+
+    def close(self) -> None:
+        """Draw the final state and end the line."""
+        if self.enabled:
+            self._draw(time.monotonic())
+            self.stream.write("\n")
+            self.stream.flush()

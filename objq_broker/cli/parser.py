@@ -1,0 +1,173 @@
+"""The ``objq`` command line: every command, its options and its help text."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from objq_broker.cli import inspect, operate
+
+Handler = Callable[..., int]
+
+#: Global options; accepted before the command or after it.
+GLOBAL_HELP = """
+--url, $OBJQ_URL: the store (file:///var/lib/objq, s3://bucket/prefix?region=..., gs://bucket/prefix).
+exit status: 0 ok, 1 operational error (storage, missing queue or job, cancelled), 2 usage error.
+"""
+JOB_STATES = ["ready", "delayed", "in-flight", "dead"]
+
+
+def _common() -> argparse.ArgumentParser:
+    # SUPPRESS: an option given before the command is not reset by the command's own parser.
+    common = argparse.ArgumentParser(add_help=False)
+    s = argparse.SUPPRESS
+    common.add_argument("--url", default=s, help="store URL (default: $OBJQ_URL)")
+    common.add_argument("--json", action="store_true", default=s, help="JSON output for scripts")
+    common.add_argument("--debug", action="store_true", default=s, help="tracebacks on errors")
+    common.add_argument(
+        "-y", "--yes", action="store_true", default=s, help="confirm destructive commands"
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="objq",
+        description="Inspect and operate objq queues, run command jobs, and run the demo.",
+        epilog=GLOBAL_HELP,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _reading_commands(commands, common)
+    _writing_commands(commands, common)
+    _running_commands(commands, common)
+    return parser
+
+
+def _add(
+    group: Any, common: argparse.ArgumentParser, name: str, handler: Handler, help_text: str
+) -> argparse.ArgumentParser:
+    sub: argparse.ArgumentParser = group.add_parser(
+        name, help=help_text, description=help_text, parents=[common]
+    )
+    sub.set_defaults(handler=handler)
+    return sub
+
+
+def _group(commands: Any, common: argparse.ArgumentParser, name: str, help_text: str) -> Any:
+    return _add(commands, common, name, _missing, help_text).add_subparsers(
+        dest="action", metavar="ACTION", required=True
+    )
+
+
+def _reading_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    sub = _add(commands, common, "status", inspect.cmd_status, "a table of every queue")
+    sub.add_argument(
+        "--watch", nargs="?", const="2s", metavar="EVERY", help="refresh every EVERY (2s)"
+    )
+    jobs = _group(commands, common, "jobs", "list or show jobs")
+    sub = _add(jobs, common, "list", inspect.cmd_jobs_list, "jobs of a queue, in claim order")
+    sub.add_argument("queue")
+    sub.add_argument("--state", choices=JOB_STATES)
+    sub.add_argument("--limit", type=int, default=100, help="at most this many (100)")
+    sub = _add(jobs, common, "show", inspect.cmd_jobs_show, "one job, payload included")
+    sub.add_argument("id")
+
+    config = _group(commands, common, "config", "per-queue settings")
+    sub = _add(config, common, "show", inspect.cmd_config_show, "settings of one queue or all")
+    sub.add_argument("queue", nargs="?")
+    sub = _add(config, common, "set", operate.cmd_config_set, "set one: QUEUE KEY VALUE")
+    sub.add_argument("queue")
+    sub.add_argument("key", metavar="KEY", help=", ".join(operate.SETTINGS))
+    sub.add_argument("value", metavar="VALUE", help="a number; durations take s/m/h/d")
+
+    archive = _group(commands, common, "archive", "finished jobs")
+    for name, handler, text in (
+        ("list", inspect.cmd_archive_list, "archive objects in a time range"),
+        ("cat", inspect.cmd_archive_cat, "archived jobs in a time range, as JSON lines"),
+    ):
+        sub = _add(archive, common, name, handler, text)
+        sub.add_argument("--since", metavar="TIME", help="ISO 8601, Unix seconds or an age (2h)")
+        sub.add_argument("--until", metavar="TIME")
+        if name == "cat":
+            sub.add_argument("--queue")
+
+
+def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    sub = _add(commands, common, "enqueue", operate.cmd_enqueue, "add jobs: one, or a file's")
+    sub.add_argument("queue")
+    sub.add_argument("payload", nargs="?", help="the payload, as text")
+    sub.add_argument("--file", metavar="F", help="one payload per line of F ('-': stdin)")
+    sub.add_argument("--jsonl", metavar="F", help="one JSON document per line of F")
+    sub.add_argument("--batch", type=_positive, default=operate.DEFAULT_ENQUEUE_BATCH)
+    _job_options(sub)
+
+    sub = _add(
+        commands, common, "enqueue-cmd", operate.cmd_enqueue_cmd, "add a command job: Q -- ARGV"
+    )
+    sub.add_argument("queue")
+    sub.add_argument("--shell", action="store_true", help="run the words with /bin/sh -c")
+    sub.add_argument("--timeout", metavar="SECONDS", help="kill it after this long")
+    sub.add_argument("--env", action="append", metavar="NAME=VALUE")
+    sub.add_argument("--cwd", metavar="DIR")
+    _job_options(sub)
+
+    dead = _group(commands, common, "dead", "dead letters")
+    sub = _add(dead, common, "list", inspect.cmd_dead_list, "dead letters of a queue")
+    sub.add_argument("queue")
+    for name, handler, text in (
+        ("retry", operate.cmd_dead_retry, "move dead letters back to their queue"),
+        ("purge", operate.cmd_dead_purge, "delete dead letters (asks first)"),
+    ):
+        sub = _add(dead, common, name, handler, text)
+        sub.add_argument("queue")
+        sub.add_argument("ids", nargs="*", metavar="ID")
+        sub.add_argument("--all", action="store_true")
+
+    sub = _add(commands, common, "purge", operate.cmd_purge, "delete ready and delayed jobs")
+    sub.add_argument("queue")
+    _add(commands, common, "requeue-stale", operate.cmd_requeue_stale, "expire stale leases now")
+    sub = _add(commands, common, "declare", operate.cmd_declare, "declare a queue")
+    sub.add_argument("queue")
+    for name in operate.SETTINGS:
+        sub.add_argument(f"--{name}", metavar="VALUE")
+
+
+def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    sub = _add(commands, common, "worker", operate.cmd_worker, "run command jobs")
+    sub.add_argument("--queue", required=True)
+    sub.add_argument("--count", type=int, default=1, help="commands run at once (1)")
+    sub.add_argument("--prefetch", type=int, help="jobs claimed ahead (default: --count)")
+    sub.add_argument("--timeout", metavar="SECONDS", help="for jobs that set none")
+    sub.add_argument("--burst", action="store_true", help="exit once the queue is empty")
+
+    from objq_broker import demo
+
+    sub = _add(commands, common, "demo", demo.cmd_demo, "a few thousand jobs, start to end")
+    sub.add_argument("--jobs", type=_positive, default=demo.DEFAULT_JOBS)
+    sub.add_argument("--workers", type=_positive, default=demo.DEFAULT_WORKERS)
+    _add(commands, common, "report", _missing, "reports over the archive (objq-broker[spark])")
+
+
+def _job_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--priority", type=int, default=0, help="lower runs first (0)")
+    sub.add_argument("--delay", metavar="SECONDS", help="run no earlier than this (30s, 2h)")
+    sub.add_argument("--max-attempts", type=_positive)
+    sub.add_argument("--key", help="idempotency key")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, found {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, found {value}")
+    return value
+
+
+def _missing(*args: Any) -> int:  # groups always have a required action
+    raise AssertionError("a command group was run without its action")

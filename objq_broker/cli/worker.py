@@ -1,0 +1,244 @@
+"""``objq worker``: run command jobs from a queue.
+
+One process runs ``count`` commands at a time, each in a runner thread, and holds up to
+``prefetch`` more claimed jobs waiting for a runner. Every job it holds, waiting or running, is
+a lease; one heartbeat thread extends them all in one operation every third of the lease, so a
+long command is never handed to another worker while this one lives, and a killed worker's jobs
+run again once their leases expire.
+
+Exit code 0 acks the job; anything else nacks it with the tail of its stderr as the error, and
+the queue retries it after its exponential backoff or dead-letters it once its attempts are
+spent. A payload that is not a command job is dead-lettered at once (no retry can fix it).
+
+SIGTERM or SIGINT: claim nothing more, give back the waiting jobs (no attempt counted), let the
+running commands finish and settle them, then exit 0. A second signal kills the running
+commands' process groups and nacks them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from objq_broker.cli import cmdjob
+from objq_broker.cli.output import print_json
+from objq_broker.errors import ConfigurationError, LeaseLost, ObjqError
+from objq_broker.queue import Delivery, Queue
+
+log = logging.getLogger("objq_broker.worker")
+
+#: Seconds one claim waits for a job before the worker looks at its signals again.
+CLAIM_WAIT_SECONDS = 1.0
+
+
+@dataclass
+class Tally:
+    done: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost: int = 0
+    released: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class CommandWorker:
+    """Runs the command jobs of ``queue_name`` until stopped (or, with ``burst``, until the
+    queue has nothing ready, delayed or in flight)."""
+
+    queue: Queue
+    queue_name: str
+    count: int = 1
+    prefetch: int = 1
+    default_timeout: float | None = None
+    burst: bool = False
+    json: bool = False
+    tally: Tally = field(default_factory=Tally)
+
+    def __post_init__(self) -> None:
+        self._cv = threading.Condition()
+        self._waiting: collections.deque[Delivery] = collections.deque()
+        self._running: dict[str, Delivery] = {}
+        self._stopping = threading.Event()
+        self._abort = threading.Event()
+        self._claiming_done = False
+        self._lease_seconds = self.queue.config(self.queue_name).lease_seconds
+
+    # --- signals ---------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # No lock here: the main thread may hold it. Every wait below has a short timeout.
+        if self._stopping.is_set():
+            self._abort.set()
+        self._stopping.set()
+
+    def stop(self) -> None:
+        self._on_signal(signal.SIGTERM, None)
+
+    # --- main loop -------------------------------------------------------------------------
+
+    def run(self) -> Tally:
+        runners = [
+            threading.Thread(target=self._runner, name=f"objq-runner-{i}", daemon=True)
+            for i in range(self.count)
+        ]
+        beat = threading.Thread(target=self._heartbeat, name="objq-heartbeat", daemon=True)
+        for thread in [*runners, beat]:
+            thread.start()
+        try:
+            self._claim_loop()
+        finally:
+            self._give_back_waiting()
+            with self._cv:
+                self._claiming_done = True
+                self._cv.notify_all()
+            for thread in runners:
+                thread.join()
+            self._stopping.set()
+            beat.join()
+            self.queue.flush()
+        return self.tally
+
+    def _claim_loop(self) -> None:
+        capacity = self.count + self.prefetch
+        while not self._stopping.is_set():
+            with self._cv:
+                room = capacity - len(self._waiting) - len(self._running)
+                if room <= 0:
+                    self._cv.wait(CLAIM_WAIT_SECONDS)
+                    continue
+            claimed = self.queue.claim(self.queue_name, room, timeout=CLAIM_WAIT_SECONDS)
+            with self._cv:
+                self._waiting.extend(claimed)
+                self._cv.notify_all()
+                idle = not self._waiting and not self._running
+            if self._stopping.is_set():
+                return
+            if not claimed and idle and self.burst and self._queue_empty():
+                return
+
+    def _queue_empty(self) -> bool:
+        stats = self.queue.stats(self.queue_name)
+        return stats.ready + stats.delayed + stats.in_flight == 0
+
+    def _give_back_waiting(self) -> None:
+        with self._cv:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        if waiting:
+            try:
+                released = self.queue.submit_release(waiting).result()
+            except ObjqError as exc:
+                log.warning("could not give back %d prefetched jobs: %s", len(waiting), exc)
+                return
+            self.tally.released += sum(released)
+            self._event({"event": "released", "ids": [d.id for d in waiting]})
+
+    # --- runners ---------------------------------------------------------------------------
+
+    def _runner(self) -> None:
+        while True:
+            with self._cv:
+                while not self._waiting and not self._claiming_done:
+                    self._cv.wait(CLAIM_WAIT_SECONDS)
+                if not self._waiting:
+                    return
+                delivery = self._waiting.popleft()
+                self._running[delivery.id] = delivery
+                self._cv.notify_all()
+            try:
+                self._process(delivery)
+            finally:
+                with self._cv:
+                    self._running.pop(delivery.id, None)
+                    self._cv.notify_all()
+
+    def _process(self, delivery: Delivery) -> None:
+        try:
+            job = cmdjob.decode(delivery.payload)
+        except ConfigurationError as exc:
+            self._settle(delivery, cmdjob.Outcome(None, 0.0, str(exc)), retry=False)
+            return
+        self._event({"event": "started", "id": delivery.id, "attempt": delivery.job.attempts})
+        stdout = sys.stderr.fileno() if self.json else None  # keep --json output parseable
+        outcome = cmdjob.run(
+            job, default_timeout=self.default_timeout, stdout=stdout, abort=self._abort
+        )
+        self._settle(delivery, outcome, retry=True)
+
+    def _settle(self, delivery: Delivery, outcome: cmdjob.Outcome, *, retry: bool) -> None:
+        try:
+            if outcome.ok:
+                self.queue.ack(delivery)
+                result = "done"
+            else:
+                result = self.queue.nack(delivery, error=outcome.error, retry=retry) or "retry"
+        except LeaseLost as exc:
+            result = "lost"
+            log.warning("job %s: %s", delivery.id, exc)
+        setattr(self.tally, result, getattr(self.tally, result) + 1)
+        self._event(
+            {
+                "event": "finished",
+                "id": delivery.id,
+                "attempt": delivery.job.attempts,
+                "outcome": result,
+                "exit_code": outcome.exit_code,
+                "seconds": round(outcome.seconds, 3),
+                "error": outcome.error,
+            }
+        )
+
+    # --- leases ----------------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        interval = max(self._lease_seconds / 3.0, 0.05)
+        while True:
+            with self._cv:
+                if self._claiming_done and not self._running:
+                    return
+                self._cv.wait(interval)
+                held = [*self._waiting, *self._running.values()]
+            if not held:
+                continue
+            try:
+                alive = self.queue.heartbeat(held) or []
+            except ObjqError as exc:  # keep beating: the next try may reach the storage
+                log.warning("heartbeat failed: %s", exc)
+                continue
+            for delivery, ok in zip(held, alive, strict=False):
+                if not ok:
+                    log.warning("job %s: lease lost; another worker may run it", delivery.id)
+
+    # --- output ----------------------------------------------------------------------------
+
+    def _event(self, event: dict[str, Any]) -> None:
+        event["at"] = round(time.time(), 3)
+        if self.json:
+            print_json(event)
+            return
+        if event["event"] == "finished":
+            message = (
+                f"job {event['id']} attempt {event['attempt']}: {event['outcome']} "
+                f"in {event['seconds']:.2f} s"
+            )
+            if event["error"]:
+                message += f" ({event['error'].splitlines()[0][:120]})"
+        elif event["event"] == "started":
+            message = f"job {event['id']} attempt {event['attempt']}: started"
+        else:
+            message = f"gave back {len(event['ids'])} prefetched jobs"
+        print(f"objq worker: {message}", file=sys.stderr, flush=True)
