@@ -31,7 +31,7 @@ from objq_broker.engine import Engine, EngineMetrics
 from objq_broker.errors import ConfigurationError, LeaseLost
 from objq_broker.options import resolve_store
 from objq_broker.records import Job, QueueConfig, encode_payload
-from objq_broker.state import NewJob, QueueState, QueueStats, check_queue_name
+from objq_broker.state import NewJob, QueueState, QueueStats, StagedBodies, check_queue_name
 from objq_broker.storage import ObjectStore
 
 T = TypeVar("T")
@@ -186,6 +186,36 @@ class Queue:
 
         return self.engine.submit(claim, fresh=True, consumer=True)
 
+    def submit_claim_many(
+        self,
+        queues: Sequence[str],
+        n: int,
+        *,
+        lease: Delay = None,
+        owner: str | None = None,
+    ) -> Future[list[Delivery]]:
+        """Lease up to ``n`` ready jobs from several queues in one commit, taking from each
+        queue in the order given until ``n`` are found: a consumer of many queues polls them
+        all with one write, not one per queue."""
+        if n < 1:
+            raise ConfigurationError(f"claim from {list(queues)!r}: n must be >= 1, found {n}")
+        names = [check_queue_name(name) for name in queues]
+        base = uuid.uuid4().hex
+        tokens = [f"{base}.{i}" for i in range(n)]
+        seconds = _seconds(lease, "lease") if lease is not None else None
+        who = owner or self.owner
+
+        def claim(state: QueueState, now: float) -> list[Delivery]:
+            found: list[Delivery] = []
+            for name in names:
+                if len(found) >= n:
+                    break
+                jobs = state.claim(name, tokens[len(found) :], who, now, seconds)
+                found += [Delivery(job, job.lease.token) for job in jobs if job.lease is not None]
+            return found
+
+        return self.engine.submit(claim, fresh=True, consumer=True)
+
     def submit_ack(self, delivery: Delivery) -> Future[Job]:
         job_id, token = delivery.held
         return self.submit(lambda s, now: s.ack(job_id, token, now))
@@ -270,6 +300,42 @@ class Queue:
             queue, payloads, priority=priority, delay=delay, max_attempts=max_attempts, keys=keys
         ).result()
         return [self.fill(job) for job in jobs]
+
+    def enqueue_staged(
+        self,
+        queue: str,
+        staged: Sequence[StagedBodies],
+        *,
+        write_id: str,
+        priority: int = 0,
+        delay: Delay = None,
+        max_attempts: int | None = None,
+    ) -> int | None:
+        """Add one job per entry of bodies objects already written (by the partitions of a
+        Spark write, say), all in one commit: every job is durable, or none.
+
+        The objects must be in the format of ``bodies/`` objects (see
+        :mod:`objq_broker.bodies`); the state counts their references and deletes them once
+        their last job finished. A retry with the same ``write_id`` within the queue's
+        idempotency window adds nothing and returns None; else the number of jobs added."""
+        check_queue_name(queue)
+        seconds = _seconds(delay, "delay")
+        items = list(staged)
+        total = sum(item.count for item in items)
+        base = uuid.uuid4().hex[:20]  # ids made before submitting: a replay is identical
+        ids = [f"{base}{n:012x}" for n in range(total)]
+        return self.submit(
+            lambda s, now: s.enqueue_staged(
+                queue,
+                items,
+                ids,
+                now,
+                write_id=write_id,
+                priority=priority,
+                delay_seconds=seconds,
+                max_attempts=max_attempts,
+            )
+        ).result()
 
     # --- consuming -------------------------------------------------------------------------
 

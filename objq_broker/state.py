@@ -55,6 +55,24 @@ class NewJob:
 
 
 @dataclass(frozen=True, slots=True)
+class StagedBodies:
+    """A bodies object written ahead of the commit that enqueues one job per entry of it.
+
+    ``priorities`` and ``delays`` give each entry its own priority or delay (seconds); None
+    means the batch's value for every entry."""
+
+    key: str
+    count: int
+    priorities: tuple[int, ...] | None = None
+    delays: tuple[float, ...] | None = None
+
+
+#: Idempotency keys of staged writes (``enqueue_staged``) start with this, so they never meet
+#: a key an application chose.
+STAGED_WRITE_KEY = "objq-staged-write:"
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """A job leaving the hot state, to be archived before the commit that drops it."""
 
@@ -326,6 +344,91 @@ class QueueState:
             key=item.key,
             finished_at=now,
         )
+
+    def enqueue_staged(
+        self,
+        queue: str,
+        staged: list[StagedBodies],
+        ids: list[str],
+        now: float,
+        *,
+        write_id: str,
+        priority: int = 0,
+        delay_seconds: float = 0.0,
+        max_attempts: int | None = None,
+    ) -> int | None:
+        """Add one job per entry of bodies objects already stored, in one transition.
+
+        Each job refers to its entry (``<key>#<index>``) and the state counts the references,
+        so the objects are deleted once their last job has finished. ``write_id`` makes the
+        transition idempotent: within the queue's idempotency window a second call with the
+        same id adds nothing and returns None (a retried commit); otherwise it returns how many
+        jobs were added. ``ids`` holds one new job id per entry, in order."""
+        check_queue_name(queue)
+        slot = _key_slot(queue, f"{STAGED_WRITE_KEY}{write_id}")
+        record = self.doc.keys.get(slot)
+        if record is not None and record.expires_at > now:
+            return None
+        self._check_staged(queue, staged, ids, max_attempts)
+        self.declare(queue)
+        config = self.doc.queues[queue]
+        attempts = max_attempts or config.max_attempts
+        members = self._members[queue]
+        position = 0
+        for item in staged:
+            for index in range(item.count):
+                self.doc.seq += 1
+                wait = item.delays[index] if item.delays is not None else delay_seconds
+                job = Job(
+                    id=ids[position],
+                    queue=queue,
+                    body="",
+                    seq=self.doc.seq,
+                    priority=item.priorities[index] if item.priorities is not None else priority,
+                    enqueued_at=now,
+                    visible_at=now + max(wait, 0.0),
+                    max_attempts=attempts,
+                    ref=f"{item.key}#{index}",
+                )
+                position += 1
+                self.jobs[job.id] = job
+                members.add(job.id)
+                self._schedule(job, now)
+            self.doc.bodies[item.key] = item.count
+        expires = now + config.idempotency_seconds
+        self.doc.keys[slot] = KeyRecord(ids[0] if ids else "", expires)
+        self._sweep_at = min(self._sweep_at, expires)
+        self.dirty = True
+        return position
+
+    def _check_staged(
+        self, queue: str, staged: list[StagedBodies], ids: list[str], max_attempts: int | None
+    ) -> None:
+        """Refuse a staged enqueue before it changes anything."""
+        where = f"staged enqueue to {queue!r}"
+        total = sum(item.count for item in staged)
+        if len(ids) != total:
+            raise ConfigurationError(f"{where}: {total} staged entries but {len(ids)} job ids")
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigurationError(f"{where}: max_attempts must be >= 1, found {max_attempts}")
+        keys = [item.key for item in staged]
+        if len(set(keys)) != len(keys):
+            raise ConfigurationError(f"{where}: a bodies object is listed twice in {keys}")
+        for item in staged:
+            if item.count < 1:
+                raise ConfigurationError(f"{where}: {item.key} has {item.count} entries")
+            if item.key in self.doc.bodies:
+                raise ConfigurationError(f"{where}: jobs already refer to {item.key}")
+            for extra, name in ((item.priorities, "priorities"), (item.delays, "delays")):
+                if extra is not None and len(extra) != item.count:
+                    raise ConfigurationError(
+                        f"{where}: {item.key} has {item.count} entries but {len(extra)} {name}"
+                    )
+        if len(set(ids)) != len(ids):
+            raise ConfigurationError(f"{where}: the job ids are not unique")
+        taken = [i for i in ids if i in self.jobs or i in self.dead]
+        if taken:
+            raise ConfigurationError(f"{where}: job ids {taken[:5]} already exist")
 
     # --- consuming -------------------------------------------------------------------------
 

@@ -1,0 +1,282 @@
+"""Reading objq as Spark DataFrames: the live jobs, the dead letters, the archive.
+
+Tables (option ``table``):
+
+* ``jobs``: the jobs in the state now (ready, delayed, in-flight), read from one state object.
+* ``dead``: the dead letters in the state now.
+* ``archive``: finished and dead-lettered jobs from ``archive/YYYY/MM/DD/HH/*.jsonl``, one Spark
+  partition per group of ``objects_per_partition`` archive objects.
+
+Filters pushed down (they show as ``PushedFilters`` in ``explain("formatted")``): equality or
+``IN`` on ``queue``, and comparisons on ``finished_at``. A time range on the archive lists only
+the days it needs and reads only the hours it needs (see :mod:`objq_broker.archive`); pushed
+filters are applied exactly, row by row, so Spark does not evaluate them again.
+
+Rows are built as Arrow record batches in the executors, which read storage with objq's own
+adapters (no Hadoop connector needed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+
+from objq_broker.archive import archive_keys, read_archive
+from objq_broker.bodies import BodyCache
+from objq_broker.engine import STATE_KEY
+from objq_broker.errors import ConfigurationError, ObjqError
+from objq_broker.messages import describe
+from objq_broker.records import Job, decode_state
+from objq_broker.storage import ObjectStore, open_store
+
+#: The tables this source reads.
+TABLES = ("jobs", "dead", "archive")
+#: Archive objects one Spark partition reads, unless the ``objects_per_partition`` option says.
+DEFAULT_OBJECTS_PER_PARTITION = 32
+#: Rows per Arrow record batch handed to Spark.
+BATCH_ROWS = 8192
+
+#: The declared schema of every table (Spark DDL).
+SCHEMA = (
+    "id string, queue string, state string, kind string, task string, message_id string, "
+    "priority int, attempts int, max_attempts int, enqueued_at timestamp, "
+    "started_at timestamp, finished_at timestamp, error string, payload binary"
+)
+_TIME = pa.timestamp("us", tz="UTC")
+ARROW_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("queue", pa.string()),
+        ("state", pa.string()),
+        ("kind", pa.string()),
+        ("task", pa.string()),
+        ("message_id", pa.string()),
+        ("priority", pa.int32()),
+        ("attempts", pa.int32()),
+        ("max_attempts", pa.int32()),
+        ("enqueued_at", _TIME),
+        ("started_at", _TIME),
+        ("finished_at", _TIME),
+        ("error", pa.string()),
+        ("payload", pa.binary()),
+    ]
+)
+
+
+@dataclass
+class TimeBounds:
+    """The pushed range on ``finished_at``, in Unix seconds; None means open."""
+
+    lower: float | None = None
+    lower_inclusive: bool = True
+    upper: float | None = None
+    upper_inclusive: bool = False
+
+    def narrow(self, kind: type[Filter], at: float) -> None:
+        if kind in (GreaterThan, GreaterThanOrEqual, EqualTo):
+            inclusive = kind is not GreaterThan
+            if self.lower is None or at > self.lower or (at == self.lower and not inclusive):
+                self.lower, self.lower_inclusive = at, inclusive
+        if kind in (LessThan, LessThanOrEqual, EqualTo):
+            inclusive = kind is not LessThan
+            if self.upper is None or at < self.upper or (at == self.upper and not inclusive):
+                self.upper, self.upper_inclusive = at, inclusive
+
+    def admits(self, at: float | None) -> bool:
+        if self.lower is None and self.upper is None:
+            return True
+        if at is None:
+            return False  # SQL: a comparison with NULL is not true
+        if self.lower is not None and (
+            at < self.lower or (at == self.lower and not self.lower_inclusive)
+        ):
+            return False
+        return not (
+            self.upper is not None
+            and (at > self.upper or (at == self.upper and not self.upper_inclusive))
+        )
+
+    def listing_range(self) -> tuple[float | None, float | None]:
+        """``[since, until)`` for :func:`archive_keys`, wide enough for inclusive bounds."""
+        until = None if self.upper is None else self.upper + 1e-3
+        return self.lower, until
+
+
+@dataclass
+class ObjqPartition(InputPartition):
+    """A table's share for one task: archive keys, or the whole state (``keys`` empty)."""
+
+    keys: list[str] = field(default_factory=list)
+
+
+def _seconds(value: object, where: str) -> float:
+    if isinstance(value, datetime):
+        return value.timestamp()  # aware from Spark; naive is local time, as Spark gives it
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigurationError(f"{where}: expected a timestamp, found {value!r}")
+
+
+class ObjqReader(DataSourceReader):
+    """Plans partitions on the driver and reads them in the executors."""
+
+    def __init__(self, url: str, table: str, objects_per_partition: int) -> None:
+        self.url = url
+        self.table = table
+        self.objects_per_partition = objects_per_partition
+        self.queues: set[str] | None = None
+        self.bounds = TimeBounds()
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        for pushed in filters:
+            if not self._take(pushed):
+                yield pushed
+
+    def _take(self, pushed: Filter) -> bool:
+        """Apply ``pushed`` if this source can; True when it was taken."""
+        column = getattr(pushed, "attribute", None)
+        if column == ("queue",) and isinstance(pushed, EqualTo | In):
+            values = {pushed.value} if isinstance(pushed, EqualTo) else set(pushed.value)
+            wanted = {v for v in values if isinstance(v, str)}
+            self.queues = wanted if self.queues is None else self.queues & wanted
+            return True
+        comparisons = (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)
+        if column == ("finished_at",) and isinstance(pushed, comparisons):
+            if pushed.value is None:
+                return False
+            self.bounds.narrow(type(pushed), _seconds(pushed.value, "filter on finished_at"))
+            return True
+        return False
+
+    def partitions(self) -> list[ObjqPartition]:
+        if self.table != "archive":
+            return [ObjqPartition()]
+        store = open_store(self.url)
+        try:
+            since, until = self.bounds.listing_range()
+            keys = archive_keys(store, since, until)
+        finally:
+            store.close()
+        size = self.objects_per_partition
+        groups = [keys[i : i + size] for i in range(0, len(keys), size)]
+        # An empty archive still needs one (empty) partition to answer with no rows.
+        return [ObjqPartition(group) for group in groups] or [ObjqPartition(["-"])]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ObjqPartition)
+        store = open_store(self.url)
+        try:
+            rows = _RowBuilder(self.queues, self.bounds)
+            if self.table == "archive":
+                for key in partition.keys:
+                    if key == "-":
+                        continue
+                    for record in read_archive(store, key):
+                        rows.add(record.outcome, record.job, store)
+                        if rows.full():
+                            yield rows.flush()
+            else:
+                now = time.time()
+                for state, job in _state_rows(store, self.table, now):
+                    rows.add(state, job, store)
+                    if rows.full():
+                        yield rows.flush()
+            if rows.count or not rows.flushed:
+                yield rows.flush()
+        finally:
+            store.close()
+
+
+def _state_rows(store: ObjectStore, table: str, now: float) -> Iterator[tuple[str, Job]]:
+    blob = store.read(STATE_KEY)
+    if blob is None:
+        return
+    doc = decode_state(blob.data, f"state {store.url}/{STATE_KEY}")
+    if table == "dead":
+        for job in doc.dead:
+            yield "dead", job
+    else:
+        for job in doc.jobs:
+            yield job.state_at(now), job
+
+
+class _RowBuilder:
+    """Columns of the rows read so far, filtered by the pushed filters."""
+
+    def __init__(self, queues: set[str] | None, bounds: TimeBounds) -> None:
+        self.queues = queues
+        self.bounds = bounds
+        self.columns: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
+        self.count = 0
+        self.flushed = False
+        self._bodies: BodyCache | None = None
+
+    def full(self) -> bool:
+        return self.count >= BATCH_ROWS
+
+    def add(self, state: str, job: Job, store: ObjectStore) -> None:
+        if self.queues is not None and job.queue not in self.queues:
+            return
+        if not self.bounds.admits(job.finished_at):
+            return
+        payload = self._payload(job, store)
+        info = describe(payload) if payload is not None else None
+        columns = self.columns
+        columns["id"].append(job.id)
+        columns["queue"].append(job.queue)
+        columns["state"].append(state)
+        columns["kind"].append(None if info is None else info.kind)
+        columns["task"].append(None if info is None else info.task)
+        columns["message_id"].append(None if info is None else info.message_id)
+        columns["priority"].append(job.priority)
+        columns["attempts"].append(job.attempts)
+        columns["max_attempts"].append(job.max_attempts)
+        columns["enqueued_at"].append(_micros(job.enqueued_at))
+        columns["started_at"].append(_micros(job.started_at))
+        columns["finished_at"].append(_micros(job.finished_at))
+        columns["error"].append(job.error)
+        columns["payload"].append(payload)
+        self.count += 1
+
+    def _payload(self, job: Job, store: ObjectStore) -> bytes | None:
+        if job.ref is not None and not job.body:
+            if self._bodies is None:
+                self._bodies = BodyCache(store)
+            try:
+                body, b64 = self._bodies.load(job.ref)
+            except ObjqError:
+                return None  # its bodies object is gone (the job finished meanwhile)
+            job = msgspec.structs.replace(job, body=body, b64=b64, ref=None)
+        return job.payload
+
+    def flush(self) -> pa.RecordBatch:
+        arrays = [
+            pa.array(self.columns[name], type=ARROW_SCHEMA.field(name).type)
+            for name in ARROW_SCHEMA.names
+        ]
+        batch = pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+        self.columns = {name: [] for name in ARROW_SCHEMA.names}
+        self.count = 0
+        self.flushed = True
+        return batch
+
+
+def _micros(at: float | None) -> int | None:
+    return None if at is None else round(at * 1_000_000)

@@ -1,0 +1,229 @@
+"""How the Spark writer turns DataFrame rows into job payloads, and its option parsing.
+
+Three ways, chosen by the writer's options:
+
+* ``payload_column`` (default ``payload``): the column's bytes (or UTF-8 text) are the payload.
+* ``dramatiq_actor`` or ``actor_column``: a Dramatiq message for that actor, so a Dramatiq
+  worker on objq runs it.
+* ``celery_task`` or ``task_column``: a Celery task message (protocol 2, kombu's envelope).
+
+For messages, positional arguments come from ``args_columns`` (a comma-separated list of
+columns, in order) or ``args_column`` (one array column); keyword arguments from
+``kwargs_columns`` (named columns) or ``kwargs_column`` (a map or struct column).
+``priority_column`` and ``delay_column`` (seconds) set a job's priority and delay per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from objq_broker.errors import ConfigurationError
+from objq_broker.messages import celery_message, dramatiq_message
+
+DEFAULT_PAYLOAD_COLUMN = "payload"
+#: The writer's options, listed in errors about unknown ones.
+WRITER_OPTIONS = (
+    "url",
+    "queue",
+    "payload_column",
+    "dramatiq_actor",
+    "actor_column",
+    "celery_task",
+    "task_column",
+    "args_columns",
+    "args_column",
+    "kwargs_columns",
+    "kwargs_column",
+    "priority",
+    "priority_column",
+    "delay_seconds",
+    "delay_column",
+    "max_attempts",
+    "rows_per_object",
+)
+
+Row = tuple[bytes, int | None, float | None]  # payload, priority, delay
+
+
+def required(options: Mapping[str, str], name: str, where: str) -> str:
+    value = options.get(name)
+    if not value:
+        raise ConfigurationError(f"{where}: option {name!r} is required, found none")
+    return str(value)
+
+
+def option_int(
+    options: Mapping[str, str], name: str, default: int | None, where: str
+) -> int | None:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"{where}: option {name!r} must be an integer, found {raw!r}"
+        ) from None
+
+
+def option_float(options: Mapping[str, str], name: str, default: float, where: str) -> float:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"{where}: option {name!r} must be a number, found {raw!r}"
+        ) from None
+
+
+def _columns(raw: str | None) -> tuple[str, ...]:
+    return tuple(c.strip() for c in raw.split(",") if c.strip()) if raw else ()
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Which columns make a row's payload, priority and delay."""
+
+    kind: str  # "payload", "dramatiq" or "celery"
+    message_queue: str
+    payload_column: str | None = None
+    name: str | None = None
+    name_column: str | None = None
+    args_column: str | None = None
+    args_columns: tuple[str, ...] = ()
+    kwargs_column: str | None = None
+    kwargs_columns: tuple[str, ...] = ()
+    priority_column: str | None = None
+    delay_column: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], columns: list[str], queue: str) -> RowPlan:
+        where = "objq writer"
+        known = {name.lower() for name in WRITER_OPTIONS}
+        unknown = sorted(k for k in options if k.lower() not in known and k.lower() != "path")
+        if unknown:
+            raise ConfigurationError(
+                f"{where}: unknown option(s) {unknown}; accepted: {list(WRITER_OPTIONS)}"
+            )
+        dramatiq = options.get("dramatiq_actor"), options.get("actor_column")
+        celery = options.get("celery_task"), options.get("task_column")
+        if any(dramatiq) and any(celery):
+            raise ConfigurationError(
+                f"{where}: got both Dramatiq ({dramatiq}) and Celery ({celery}) options; "
+                "expected one framework"
+            )
+        pair = dramatiq if any(dramatiq) else celery
+        if all(pair):
+            raise ConfigurationError(
+                f"{where}: got a fixed name {pair[0]!r} and a name column {pair[1]!r}; expected one"
+            )
+        for single, several in (
+            ("args_column", "args_columns"),
+            ("kwargs_column", "kwargs_columns"),
+        ):
+            if options.get(single) and options.get(several):
+                raise ConfigurationError(
+                    f"{where}: got both {single!r} and {several!r}; expected one"
+                )
+        kind = "dramatiq" if any(dramatiq) else "celery" if any(celery) else "payload"
+        plan = cls(
+            kind=kind,
+            message_queue=queue,
+            payload_column=options.get("payload_column", DEFAULT_PAYLOAD_COLUMN)
+            if kind == "payload"
+            else None,
+            name=pair[0] or None,
+            name_column=pair[1] or None,
+            args_column=options.get("args_column") or None,
+            args_columns=_columns(options.get("args_columns")),
+            kwargs_column=options.get("kwargs_column") or None,
+            kwargs_columns=_columns(options.get("kwargs_columns")),
+            priority_column=options.get("priority_column") or None,
+            delay_column=options.get("delay_column") or None,
+        )
+        missing = [c for c in plan.used_columns() if c not in columns]
+        if missing:
+            raise ConfigurationError(
+                f"{where}: column(s) {missing} not in the DataFrame; its columns: {columns}"
+            )
+        return plan
+
+    def used_columns(self) -> list[str]:
+        single = [
+            self.payload_column,
+            self.name_column,
+            self.args_column,
+            self.kwargs_column,
+            self.priority_column,
+            self.delay_column,
+        ]
+        return [c for c in single if c] + list(self.args_columns) + list(self.kwargs_columns)
+
+    def rows(self, batch: pa.RecordBatch) -> Iterator[Row]:
+        """(payload, priority, delay) of each row of ``batch``."""
+        count = batch.num_rows
+        priorities = self._column(batch, self.priority_column, count)
+        delays = self._column(batch, self.delay_column, count)
+        for index, payload in enumerate(self._payloads(batch, count)):
+            priority, delay = priorities[index], delays[index]
+            yield (
+                payload,
+                None if priority is None else int(priority),
+                None if delay is None else float(delay),
+            )
+
+    @staticmethod
+    def _column(batch: pa.RecordBatch, name: str | None, count: int) -> list[Any]:
+        if name is None:
+            return [None] * count
+        return list(batch.column(batch.schema.get_field_index(name)).to_pylist())
+
+    def _payloads(self, batch: pa.RecordBatch, count: int) -> Iterator[bytes]:
+        if self.kind == "payload":
+            for value in self._column(batch, self.payload_column, count):
+                if value is None:
+                    raise ConfigurationError(
+                        f"objq writer: a row's {self.payload_column!r} is null; expected a payload"
+                    )
+                yield value.encode() if isinstance(value, str) else bytes(value)
+            return
+        names = self._column(batch, self.name_column, count)
+        args = self._args(batch, count)
+        kwargs = self._kwargs(batch, count)
+        build = dramatiq_message if self.kind == "dramatiq" else celery_message
+        for index in range(count):
+            name = self.name or names[index]
+            if not name:
+                raise ConfigurationError(
+                    f"objq writer: a row's {self.name_column!r} is empty; expected a task name"
+                )
+            yield build(self.message_queue, str(name), args[index], kwargs[index])
+
+    def _args(self, batch: pa.RecordBatch, count: int) -> list[list[Any]]:
+        if self.args_column:
+            return [list(v or []) for v in self._column(batch, self.args_column, count)]
+        columns = [self._column(batch, c, count) for c in self.args_columns]
+        return [[column[i] for column in columns] for i in range(count)]
+
+    def _kwargs(self, batch: pa.RecordBatch, count: int) -> list[dict[str, Any]]:
+        if self.kwargs_column:
+            return [_mapping(v) for v in self._column(batch, self.kwargs_column, count)]
+        columns = {c: self._column(batch, c, count) for c in self.kwargs_columns}
+        return [{c: values[i] for c, values in columns.items()} for i in range(count)]
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    """A map column arrives from Arrow as a list of (key, value) pairs, a struct as a dict."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, list):
+        return {str(k): v for k, v in value}
+    raise ConfigurationError(f"objq writer: expected a map or struct of kwargs, found {value!r}")
