@@ -58,6 +58,10 @@ DEFAULT_DEAD_MESSAGE_TTL_MS = 7 * 24 * 3600 * 1000
 DEFAULT_MAX_DELIVERIES = 20
 #: Environment variable for ``lease_seconds`` (read when the broker is built).
 LEASE_ENV = "OBJQ_LEASE_SECONDS"
+#: Most messages a consumer claims ahead of its worker threads (see ``max_claim``).
+DEFAULT_MAX_CLAIM = 256
+#: Claimed messages that wait this long for a worker thread are given back to the queue.
+HOARD_SECONDS = 1.0
 #: How many actor exceptions the broker remembers for ``join(fail_fast=True)``.
 _REMEMBERED_FAILURES = 1000
 
@@ -96,6 +100,11 @@ class ObjqBroker(dramatiq.Broker):
         ``$OBJQ_LEASE_SECONDS``, else 30.
       heartbeat_seconds: how often held messages' leases are extended (lease / 3).
       dead_message_ttl: how long dead letters are kept, in milliseconds.
+      max_claim: most messages a consumer holds claimed ahead of its worker threads. Dramatiq's
+        prefetch bounds the messages handed to worker threads; the claim window starts there
+        and doubles while the threads drain each batch before the next one commits (a backlog
+        of short tasks), up to this. Claimed messages that wait over a second for a thread are
+        given back, so slow tasks never hoard a queue that other workers could run.
       fail_fast_default: what ``join`` does when ``fail_fast`` is not given. True (as with
         Dramatiq 2's StubBroker, for tests) also keeps the exceptions of the messages this
         broker dead-letters, so ``join`` can re-raise them; False keeps only their ids.
@@ -113,6 +122,7 @@ class ObjqBroker(dramatiq.Broker):
         heartbeat_seconds: float | None = None,
         dead_message_ttl: int = DEFAULT_DEAD_MESSAGE_TTL_MS,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        max_claim: int = DEFAULT_MAX_CLAIM,
         fail_fast_default: bool = False,
         middleware: list[dramatiq.Middleware] | None = None,
         **options: Any,
@@ -128,6 +138,9 @@ class ObjqBroker(dramatiq.Broker):
         self.heartbeat_seconds = heartbeat_seconds or self.lease_seconds / 3.0
         self.dead_message_ttl = dead_message_ttl
         self.max_deliveries = max_deliveries
+        if max_claim < 1:
+            raise ConfigurationError(f"ObjqBroker: max_claim must be at least 1, found {max_claim}")
+        self.max_claim = max_claim
         self.fail_fast_default = fail_fast_default
         self.actor_options.add("broker_priority")
         self._consumers: weakref.WeakSet[_ObjqConsumer] = weakref.WeakSet()
@@ -333,7 +346,12 @@ class _ObjqConsumer(dramatiq.Consumer):
         self.queue_name = queue_name
         self.prefetch = prefetch
         self.timeout = timeout
+        # How many messages may be claimed and not yet finished (cached + running + asked).
+        self._window = prefetch
+        self._max_window = max(prefetch, broker.max_claim)
         self._cache: collections.deque[Delivery] = collections.deque()
+        # When a thread last took a cached message (or the cache was filled from empty).
+        self._taken_at = 0.0
         self._running: dict[str, Delivery] = {}  # lease token -> delivery handed to the worker
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified when a worker finishes one
@@ -374,7 +392,31 @@ class _ObjqConsumer(dramatiq.Consumer):
                 self.client.release(deliveries)
 
     def _free(self) -> int:
-        return self.prefetch - len(self._running) - len(self._cache) - self._asked
+        """How many more messages may be claimed now."""
+        return self._window - len(self._running) - len(self._cache) - self._asked
+
+    def _fill(self, found: list[Delivery], asked: int, starved: bool) -> None:
+        """Cache claimed messages. A full batch that arrives after the threads ran out of work
+        means commits, not threads, are the limit: claim more per commit from now on."""
+        if starved and found and len(found) >= asked:
+            self._window = min(self._window * 2, self._max_window)
+        if not self._cache:
+            self._taken_at = time.monotonic()
+        self._cache.extend(found)
+
+    def _give_back_hoard(self) -> None:
+        """When no thread has taken a cached message for a while, the threads are the limit:
+        release what is claimed beyond the prefetch and claim no more than that."""
+        with self._lock:
+            if not self._cache or time.monotonic() - self._taken_at < HOARD_SECONDS:
+                return
+            self._window = self.prefetch
+            keep = max(0, self.prefetch - len(self._running))
+            extra = [self._cache.pop() for _ in range(len(self._cache) - keep)]
+            self._taken_at = time.monotonic()
+        if extra:
+            with _connection_errors():
+                self.client.release(extra, wait=False)
 
     def _harvest(self, timeout: float = 0.0) -> None:
         """Move the claim submitted ahead into the cache once it has committed."""
@@ -390,38 +432,50 @@ class _ObjqConsumer(dramatiq.Consumer):
             raise ConnectionClosed(exc) from exc
         found = self.client.fill_deliveries(found)
         with self._lock:
+            self._fill(found, self._asked, starved=not self._cache)
             self._ahead, self._asked = None, 0
-            self._cache.extend(found)
 
     def _claim_ahead(self) -> None:
-        """With half the prefetch free and messages still cached, claim the next batch now."""
+        """With half the window free and messages still cached, claim the next batch now."""
         with self._lock:
             free = self._free()
             if self._ahead is not None or self._closed or not self._cache:
                 return
-            if free < max(1, self.prefetch // 2):
+            if free < max(1, self._window // 2):
                 return
             self._asked = free
         with _connection_errors():
             self._ahead = self.client.submit_claim(self.queue_name, free)
 
+    def _take(self) -> Delivery | None:
+        if not self._cache:
+            return None
+        self._taken_at = time.monotonic()
+        return self._cache.popleft()
+
+    def _threads_busy(self) -> bool:
+        return len(self._running) >= self.prefetch
+
     def __next__(self) -> dramatiq.MessageProxy | None:
         self._harvest(0.0 if self._cache else self.timeout / 1000.0)
         self._claim_ahead()
+        self._give_back_hoard()
         with self._lock:
-            delivery = self._cache.popleft() if self._cache else None
-            if delivery is None and self._free() <= 0 and not self._closed:
+            if self._threads_busy() and not self._closed:
                 # Prefetch is full: wait for a worker to finish one (or for the timeout, so
                 # the worker gets its idle wake-up), rather than sleeping a fixed interval.
-                self._room.wait_for(lambda: self._closed or self._free() > 0, self.timeout / 1000.0)
+                self._room.wait_for(
+                    lambda: self._closed or not self._threads_busy(), self.timeout / 1000.0
+                )
                 return None
+            delivery = self._take()
             room = self._free()
         if delivery is None and room > 0 and not self._closed:
             with _connection_errors():
                 found = self.client.claim(self.queue_name, room, timeout=self.timeout / 1000.0)
             with self._lock:
-                self._cache.extend(found)
-                delivery = self._cache.popleft() if self._cache else None
+                self._fill(found, room, starved=True)
+                delivery = self._take()
         if delivery is None:
             return None
         with self._lock:

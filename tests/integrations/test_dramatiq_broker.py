@@ -163,3 +163,64 @@ def test_heartbeat_keeps_prefetched_and_running_messages(broker: ObjqBroker) -> 
     assert len(before) == 3  # one running, two prefetched
     assert done.is_set(), "the heartbeat did not extend every held lease"
     consumer.close()
+
+
+def _in_flight(broker: ObjqBroker, queue: str = "default") -> int:
+    return broker.client.stats(queue).in_flight
+
+
+def test_a_backlog_of_short_tasks_is_claimed_in_batches_beyond_the_prefetch(
+    broker: ObjqBroker,
+) -> None:
+    # Given a backlog and a consumer whose threads finish each message at once
+    @dramatiq.actor
+    def quick(n: int) -> None: ...
+
+    for n in range(300):
+        quick.send(n)
+    consumer = broker.consume("default", prefetch=4, timeout=50)
+    seen: list[int] = []
+    most_claimed = 0
+    while len(seen) < 300:
+        message = next(consumer)
+        if message is None:
+            continue
+        seen.append(message.args[0])
+        most_claimed = max(most_claimed, _in_flight(broker))
+        consumer.ack(message)
+    consumer.close()
+    broker.client.flush()
+    # Then every message came once, and the consumer claimed more than its prefetch per
+    # commit, which is what lets a worker outpace commit latency
+    assert sorted(seen) == list(range(300))
+    assert most_claimed > 4
+    assert _in_flight(broker) == 0
+
+
+def test_messages_claimed_beyond_the_prefetch_are_given_back_when_threads_are_slow(
+    broker: ObjqBroker,
+) -> None:
+    # Given a consumer that claimed a batch ahead and whose threads then stall
+    @dramatiq.actor
+    def slow(n: int) -> None: ...
+
+    for n in range(40):
+        slow.send(n)
+    consumer = broker.consume("default", prefetch=4, timeout=50)
+    held = [m for m in (next(consumer) for _ in range(4)) if m is not None]
+    assert len(held) == 4
+    deadline = time.monotonic() + 5
+    while _in_flight(broker) <= 4 and time.monotonic() < deadline:
+        next(consumer)  # threads are busy: claims ahead, hands nothing out
+    assert _in_flight(broker) > 4
+    # When claimed messages wait over a second for a thread
+    time.sleep(1.2)
+    assert next(consumer) is None
+    broker.client.flush()
+    # Then only what the threads hold stays claimed; another worker can run the rest
+    assert _in_flight(broker) == 4
+    other = ObjqBroker(queue=broker.client)
+    assert len(other.client.claim("default", 100)) == 36
+    for message in held:
+        consumer.ack(message)
+    consumer.close()
