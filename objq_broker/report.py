@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = local_session(args.master, app_name="objq-report")
     hourly, tasks = summarise(spark, args.url, since, until, args.queue)
     out = Path(args.out)
-    write_report(out, hourly, tasks, args.url, since, until)
+    write_report(out, hourly, tasks, url=args.url, since=since, until=until)
     total = int(tasks["jobs"].sum()) if len(tasks) else 0
     dead = int(tasks["dead"].sum()) if len(tasks) else 0
     print(f"{total} jobs finished ({total - dead} done, {dead} dead) in {_span(since, until)}")
@@ -164,7 +164,9 @@ def _aggregate(jobs: Any, keys: list[str], per_second: float) -> Any:
     return table
 
 
-def write_report(out: Path, hourly: Any, tasks: Any, url: str, since: float, until: float) -> None:
+def write_report(
+    out: Path, hourly: Any, tasks: Any, *, url: str, since: float, until: float
+) -> None:
     """Tables as Parquet and CSV, three charts and an HTML page into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     for name, table in (("hourly", hourly), ("tasks", tasks)):
