@@ -1,0 +1,346 @@
+# mypy: disallow-untyped-calls=False
+# (kombu is only partly annotated)
+"""The kombu channel of the objq transport: queues, publishing, batched claims, and a QoS whose
+unacked messages are leases in the state (see :mod:`objq_broker.kombu`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from queue import Empty
+from typing import TYPE_CHECKING, Any
+
+from kombu.transport import virtual
+from kombu.utils.json import dumps, loads
+
+from objq_broker.errors import QueueClosed, QueueError, QueueNotFound, StorageError
+from objq_broker.kombu_options import TransportSettings
+from objq_broker.queue import Delivery, Queue
+
+if TYPE_CHECKING:
+    from objq_broker.kombu import Transport
+
+log = logging.getLogger("objq_broker.kombu")
+
+#: Why a message rejected without requeue is dead-lettered (kept with the dead letter).
+REJECTED = "rejected by the consumer (requeue=False)"
+
+
+class LeaseQoS(virtual.QoS):
+    """Unacked messages are leases in the state, not only entries in this process's memory:
+    settling a message settles its lease, and a lost process loses nothing."""
+
+    channel: Channel
+
+    def ack(self, delivery_tag: str) -> None:
+        self.channel.settle(delivery_tag, "ack")
+        super().ack(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        self.channel.settle(delivery_tag, "requeue" if requeue else "dead")
+        self._quick_ack(delivery_tag)  # not the base class's: it would publish a copy
+
+    def restore_unacked(self) -> list[tuple[BaseException, Any]]:
+        self._flush()
+        self._delivered.clear()
+        self.channel.release_held()
+        return []
+
+
+class Channel(virtual.Channel):
+    """A kombu channel whose queues, messages and bindings live in the transport's store."""
+
+    QoS = LeaseQoS
+    supports_fanout = True
+    connection: Transport
+
+    def __init__(self, connection: Transport, **kwargs: Any) -> None:
+        super().__init__(connection, **kwargs)
+        self._held: dict[str, Delivery] = {}
+        self._held_lock = threading.Lock()
+        self._no_ack_queues: set[str] = set()
+        self._auto_delete: set[str] = set()
+        self._turn = 0
+
+    @property
+    def client(self) -> Queue:
+        return self.connection.open_queue()
+
+    @property
+    def settings(self) -> TransportSettings:
+        return self.connection.settings
+
+    # --- queues ----------------------------------------------------------------------------
+
+    def queue_declare(self, queue: str | None = None, passive: bool = False, **kwargs: Any) -> Any:
+        declared = super().queue_declare(queue, passive, **kwargs)
+        if kwargs.get("auto_delete"):
+            self._auto_delete.add(declared.queue)
+        return declared
+
+    def _new_queue(self, queue: str, **kwargs: Any) -> None:
+        self.connection.declare(queue)
+
+    def _has_queue(self, queue: str, **kwargs: Any) -> bool:
+        return queue in self.client.queues()
+
+    def _size(self, queue: str) -> int:
+        try:
+            stats = self.client.stats(queue)
+        except QueueNotFound:
+            return 0
+        return stats.ready + stats.delayed
+
+    def _purge(self, queue: str) -> int:
+        try:
+            return self.client.purge(queue)
+        except QueueNotFound:
+            return 0
+
+    def queue_delete(
+        self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any
+    ) -> None:
+        if if_empty and self._size(queue):
+            return
+        self._delete(queue)
+
+    def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        """Drop the queue, its messages and its bindings (in every process's view)."""
+        self.state.queue_bindings_delete(queue)
+        for exchange in self.state.exchanges.values():
+            table = exchange.get("table", [])
+            table[:] = [meta for meta in table if meta[2] != queue]
+        self.connection.exchanges.unbind_queue(queue)
+        self.connection.forget(queue)
+        with contextlib.suppress(QueueNotFound):
+            self.client.delete_queue(queue)
+
+    # --- exchanges and bindings ------------------------------------------------------------
+
+    def exchange_declare(  # noqa: PLR0917 (kombu's signature)
+        self,
+        exchange: str | None = None,
+        type: str = "direct",
+        durable: bool = False,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+        nowait: bool = False,
+        passive: bool = False,
+    ) -> None:
+        super().exchange_declare(
+            exchange, type, durable, auto_delete, arguments, nowait=nowait, passive=passive
+        )
+        if exchange and not passive:
+            self.connection.exchanges.declare(exchange, self.state.exchanges[exchange]["type"])
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
+        kind = self.state.exchanges[exchange]["type"]
+        self.connection.exchanges.bind(exchange, kind, (routing_key, pattern, queue))
+
+    def queue_unbind(
+        self, queue: str, exchange: str | None = None, routing_key: str = "", *a: Any, **kw: Any
+    ) -> None:
+        super().queue_unbind(queue, exchange, routing_key, *a, **kw)
+        if exchange:
+            meta = self.typeof(exchange).prepare_bind(queue, exchange, routing_key, None)
+            self.connection.exchanges.unbind(exchange, tuple(meta))
+
+    def get_table(self, exchange: str) -> list[tuple[str, str | None, str]]:
+        """Bindings made here and by every other process on the store."""
+        local = self.state.exchanges.get(exchange, {}).get("table", [])
+        shared = self.connection.exchanges.lookup(exchange)
+        if shared is None:
+            if exchange not in self.state.exchanges:
+                raise KeyError(exchange)
+            return list(local)
+        merged = [tuple(meta) for meta in local]
+        merged += [meta for meta in shared.bindings if meta not in merged]
+        return merged
+
+    def typeof(self, exchange: str, default: str = "direct") -> Any:
+        if exchange not in self.state.exchanges:
+            shared = self.connection.exchanges.lookup(exchange) if exchange else None
+            if shared is not None:
+                return self.exchange_types[shared.type]
+        return super().typeof(exchange, default)
+
+    def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str, **kw: Any):  # type: ignore[no-untyped-def]
+        """One copy to each queue bound to ``exchange`` now (read afresh: a broadcast must
+        reach a worker that bound its queue a moment ago)."""
+        shared = self.connection.exchanges.lookup(exchange, fresh=True)
+        bindings = list(shared.bindings) if shared is not None else []
+        bindings += self.state.exchanges.get(exchange, {}).get("table", [])
+        kind = self.typeof(exchange)
+        queues = sorted(kind.lookup(bindings, exchange, routing_key, None))
+        if not queues:
+            log.info("message to exchange %r (key %r) matched no queue", exchange, routing_key)
+        self._put_many(queues, message)
+
+    # --- producing -------------------------------------------------------------------------
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        self._put_many([queue], message)
+
+    def _put_many(self, queues: Iterable[str], message: dict[str, Any]) -> None:
+        payload = dumps(message).encode()
+        priority = -self._get_message_priority(message)
+        futures = [
+            self.client.submit_enqueue(
+                queue,
+                [payload],
+                priority=priority,
+                max_attempts=self.settings.max_deliveries,
+            )
+            for queue in queues
+        ]
+        for future in futures:  # submitted together: usually one commit for all copies
+            future.result()
+
+    # --- consuming -------------------------------------------------------------------------
+
+    def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        if no_ack:
+            self._no_ack_queues.add(queue)
+        return super().basic_consume(queue, no_ack, *args, **kwargs)
+
+    def basic_cancel(self, consumer_tag: str) -> Any:
+        queue = self._tag_to_queue.get(consumer_tag)
+        result = super().basic_cancel(consumer_tag)
+        if queue is not None and queue not in self._active_queues:
+            self._no_ack_queues.discard(queue)
+            if queue in self._auto_delete:
+                self._auto_delete.discard(queue)
+                self.queue_delete(queue)
+        return result
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        got = self._claim([queue], 1, no_ack={queue} if no_ack else set())
+        if not got:
+            return None
+        message = self.Message(got[0][0], channel=self)
+        if not no_ack:
+            self.qos.append(message, message.delivery_tag)
+        return message
+
+    def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
+        got = self._claim([queue], 1, no_ack=set())
+        if not got:
+            raise Empty()
+        return got[0][0]
+
+    def drain_events(self, timeout: float | None = None, callback: Any = None) -> None:
+        """Claim a batch (up to what the prefetch limit allows) from the consumed queues in
+        one commit, and deliver each message."""
+        callback = callback or self.connection._deliver
+        if not self._consumers or not self.qos.can_consume():
+            raise Empty()
+        self._get_many(self._active_queues, timeout, callback)
+
+    def _get_many(self, queues: list[str], timeout: float | None = None, callback: Any = None):  # type: ignore[no-untyped-def]
+        callback = callback or self.connection._deliver
+        names = list(dict.fromkeys(queues))
+        if not names:
+            raise Empty()
+        self._turn = (self._turn + 1) % len(names)
+        names = names[self._turn :] + names[: self._turn]  # fair: each queue leads in turn
+        budget = self.qos.can_consume_max_estimate() or self.settings.batch_size
+        got = self._claim(names, min(budget, self.settings.batch_size), self._no_ack_queues)
+        if not got:
+            raise Empty()
+        for index, (raw, queue) in enumerate(got):
+            try:
+                callback(raw, queue)
+            except BaseException:
+                # The rest were never handed over: give them back rather than hold them.
+                self._release_tags([r["properties"]["delivery_tag"] for r, _ in got[index + 1 :]])
+                raise
+
+    def _claim(
+        self, queues: list[str], n: int, no_ack: set[str]
+    ) -> list[tuple[dict[str, Any], str]]:
+        """Lease up to ``n`` messages; returns (raw kombu message, queue) pairs."""
+        client = self.client
+        lease = self.settings.visibility_timeout
+        found = client.submit_claim_many(queues, max(n, 1), lease=lease).result()
+        got: list[tuple[dict[str, Any], str]] = []
+        now = time.time()
+        for delivery in client.fill_deliveries(found):
+            raw = loads(delivery.payload)
+            props = raw.setdefault("properties", {})
+            if _expired(props, delivery.job.enqueued_at, now):
+                client.ack(delivery, wait=False)  # its producer gave it an expiration
+                continue
+            props["delivery_tag"] = delivery.token  # unique per delivery, unlike a publish tag
+            info = props.setdefault("delivery_info", {})
+            if delivery.job.attempts > 1:
+                info["redelivered"] = raw["redelivered"] = True
+            if delivery.job.queue in no_ack:
+                client.ack(delivery, wait=False)
+            else:
+                with self._held_lock:
+                    self._held[delivery.token] = delivery
+            got.append((raw, delivery.job.queue))
+        return got
+
+    # --- settling --------------------------------------------------------------------------
+
+    def held(self) -> list[Delivery]:
+        with self._held_lock:
+            return list(self._held.values())
+
+    def settle(self, delivery_tag: str, how: str) -> None:
+        """Ack, requeue or dead-letter one held delivery (returns once submitted)."""
+        with self._held_lock:
+            delivery = self._held.pop(delivery_tag, None)
+        if delivery is None:
+            log.debug("%s of %s: not held by this channel (already settled)", how, delivery_tag)
+            return
+        client = self.client
+        if how == "ack":
+            client.ack(delivery, wait=False)
+        elif how == "requeue":
+            client.nack(delivery, retry=True, delay=0, error="requeued", wait=False)
+        else:
+            client.nack(delivery, retry=False, error=REJECTED, wait=False)
+
+    def _release_tags(self, tags: list[str]) -> None:
+        with self._held_lock:
+            found = [self._held.pop(tag) for tag in tags if tag in self._held]
+        if found:
+            self.client.release(found, wait=False)
+
+    def release_held(self) -> None:
+        """Give back every message this channel holds, unprocessed (no attempt counted)."""
+        with self._held_lock:
+            found = list(self._held.values())
+            self._held.clear()
+        if not found:
+            return
+        try:
+            self.client.release(found)
+        except (QueueClosed, StorageError, QueueError) as exc:
+            # Their leases run out on their own: the messages come back after the timeout.
+            log.warning("could not release %d held messages (%s); they return on expiry",
+                        len(found), exc)  # fmt: skip
+
+    def close(self) -> None:
+        if not self.closed and self.connection is not None:
+            try:
+                super().close()
+            finally:
+                self.release_held()
+        else:
+            super().close()
+
+
+def _expired(props: dict[str, Any], enqueued_at: float, now: float) -> bool:
+    expiration = props.get("expiration")
+    if expiration is None:
+        return False
+    try:
+        return now >= enqueued_at + float(expiration) / 1000.0
+    except (TypeError, ValueError):
+        return False
