@@ -16,6 +16,12 @@ How a write stays atomic under what Spark really does:
 4. ``abort`` deletes everything under ``staging/<write id>/`` that the state does not refer
    to; after a commit that landed (Spark calls ``abort`` when ``commit`` raises) it therefore
    keeps what the queue needs.
+
+Spark calls ``abort`` (and may call ``commit``) while other attempts still run: a stage being
+cancelled, a speculative copy. Before it cleans up, the driver writes a marker
+``staging/<write id>/_closed``; a task reads it after each object it stages and, once the write
+is closed, deletes what it staged and fails. Either the driver's listing sees an object, or the
+task that staged it sees the marker. The marker (a few bytes) stays, for late attempts.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from objq_broker.bodies import encode_bodies
 from objq_broker.engine import STATE_KEY
+from objq_broker.errors import QueueError
 from objq_broker.queue import Queue
 from objq_broker.records import decode_state, encode_payload
 from objq_broker.spark_rows import RowPlan
@@ -43,6 +50,8 @@ log = logging.getLogger("objq_broker.spark")
 STAGING_PREFIX = "staging/"
 #: Rows per staged object: a worker that claims one job loads (and caches) its whole object.
 DEFAULT_ROWS_PER_OBJECT = 10_000
+#: Written under a write's staging folder once its driver committed or aborted it.
+CLOSED_MARKER = "_closed"
 
 
 def staging_prefix(write_id: str) -> str:
@@ -96,6 +105,8 @@ class ObjqWriter(DataSourceArrowWriter):
                 for body, priority, delay in settings.plan.rows(batch):
                     stager.add(body, priority, delay)
             stager.close()
+            if not stager.objects:
+                stager.check_open()
         finally:
             store.close()
         return StagedPart(partition, attempt, stager.objects)
@@ -138,8 +149,10 @@ class ObjqWriter(DataSourceArrowWriter):
         """Delete this write's staged objects but ``keep`` (None: those the state refers to,
         read now, so an abort after a commit that landed keeps what the queue needs)."""
         store = open_store(self.settings.url)
+        marker = f"{self.prefix}{CLOSED_MARKER}"
         try:
-            keys = store.list(self.prefix)
+            store.put(marker, b"closed\n")  # before listing: see the module docstring
+            keys = [key for key in store.list(self.prefix) if key != marker]
             if keys and keep is None:
                 keep = _referenced_bodies(store)
             for key in keys:
@@ -174,6 +187,7 @@ class _Stager:
         self, store: ObjectStore, prefix: str, partition: int, attempt: int, rows_per_object: int
     ) -> None:
         self.store = store
+        self.marker = f"{prefix}{CLOSED_MARKER}"
         # A token per attempt: a re-run stage can repeat an attempt number.
         self.stem = f"{prefix}{partition:05d}-{attempt}-{uuid.uuid4().hex[:8]}"
         self.rows_per_object = rows_per_object
@@ -210,6 +224,18 @@ class _Stager:
         )
         self._entries, self._priorities, self._delays = [], [], []
         self._varied_priority = self._varied_delay = False
+        self.check_open()
+
+    def check_open(self) -> None:
+        """Fail, removing what this attempt staged, once the driver closed the write."""
+        if self.store.read(self.marker) is None:
+            return
+        for staged in self.objects:
+            self.store.delete(staged.key)
+        raise QueueError(
+            f"{self.store.url}/{self.marker}: the write was already committed or aborted; "
+            f"this task attempt's {len(self.objects)} staged objects were removed"
+        )
 
 
 def settings_from_options(options: Any, columns: list[str]) -> WriteSettings:

@@ -1,0 +1,279 @@
+"""The ``objq`` Spark data source on a real local Spark session, on a directory and on S3."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark import TaskContext
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+from pyspark.sql.utils import AnalysisException
+
+from objq_broker import Queue
+from objq_broker.archive import archive_key
+from objq_broker.bodies import split_ref
+from objq_broker.engine import STATE_KEY
+from objq_broker.errors import QueueError
+from objq_broker.records import ArchiveRecord, Job, decode_state, encode_archive
+from objq_broker.spark import ObjqDataSource
+from objq_broker.storage import open_store
+
+ROWS = 100  # two partitions of 50
+
+
+def _writer(spark: Any, df: Any, url: str, queue: str = "q", **options: str) -> Any:
+    writer = df.write.format("objq").option("url", url).option("queue", queue)
+    for name, value in options.items():
+        writer = writer.option(name, value)
+    return writer.mode("append")
+
+
+def _jobs(spark: Any, url: str, table: str = "jobs") -> Any:
+    return spark.read.format("objq").option("url", url).option("table", table).load()
+
+
+def _staged(url: str) -> list[str]:
+    """Staged objects left (a closed write's marker is not one)."""
+    store = open_store(url)
+    try:
+        return [key for key in store.list("staging/") if not key.endswith("/_closed")]
+    finally:
+        store.close()
+
+
+def _referenced(url: str) -> set[str]:
+    store = open_store(url)
+    try:
+        blob = store.read(STATE_KEY)
+        return set() if blob is None else set(decode_state(blob.data, "test").bodies)
+    finally:
+        store.close()
+
+
+def _round_trip(spark: Any, url: str) -> None:
+    # Given a DataFrame of payloads with per-row priorities
+    df = spark.range(0, ROWS, numPartitions=2).select(
+        F.concat(F.lit("job-"), F.col("id").cast("string")).alias("payload"),
+        (F.col("id") % 3).cast("int").alias("rank"),
+    )
+    # When it is written to a queue
+    _writer(spark, df, url, priority_column="rank", rows_per_object="30").save()
+    # Then the jobs table holds every row once, ready, with its priority
+    rows = _jobs(spark, url).where("queue = 'q'").collect()
+    assert sorted(r.payload for r in rows) == sorted(f"job-{i}".encode() for i in range(ROWS))
+    assert {r.state for r in rows} == {"ready"}
+    assert {(r.payload, r.priority) for r in rows} == {
+        (f"job-{i}".encode(), i % 3) for i in range(ROWS)
+    }
+    # And only the staged objects the state refers to are left
+    assert set(_staged(url)) == _referenced(url)
+    # When workers drain the queue, half acked, the rest dead-lettered
+    with Queue(url) as queue:
+        deliveries = queue.claim("q", ROWS)
+        assert len(deliveries) == ROWS
+        assert deliveries[0].payload.startswith(b"job-")
+        assert {d.job.priority for d in deliveries[:10]} == {0}  # lowest first
+        for n, delivery in enumerate(deliveries):
+            if n % 2:
+                queue.nack(delivery, error="boom", retry=False)
+            else:
+                queue.ack(delivery)
+    # Then the archive has them all, the dead table the failures, and staged objects are gone
+    archive = _jobs(spark, url, "archive").collect()
+    assert sorted(r.payload for r in archive) == sorted(f"job-{i}".encode() for i in range(ROWS))
+    assert sum(r.state == "dead" for r in archive) == ROWS // 2
+    assert all(r.finished_at is not None and r.started_at is not None for r in archive)
+    dead = _jobs(spark, url, "dead").collect()
+    assert len(dead) == ROWS // 2
+    assert {r.error for r in dead} == {"boom"}
+    # Dead letters still refer to their rows; once purged, no staged object is left
+    assert set(_staged(url)) == _referenced(url) != set()
+    with Queue(url) as queue:
+        queue.purge_dead("q")
+    assert _staged(url) == []
+
+
+def test_round_trip_on_a_directory(spark: Any, tmp_path: Path) -> None:
+    _round_trip(spark, (tmp_path / "store").as_uri())
+
+
+def test_round_trip_on_s3(spark: Any, s3_url_factory: Callable[[], str]) -> None:
+    _round_trip(spark, s3_url_factory())
+
+
+def test_dramatiq_and_celery_messages_from_columns(spark: Any, tmp_path: Path) -> None:
+    url = (tmp_path / "store").as_uri()
+    df = spark.range(0, 20, numPartitions=2).selectExpr("id as x", "id * 2 as y")
+    _writer(spark, df, url, "default", dramatiq_actor="add", args_columns="x,y").save()
+    _writer(spark, df, url, "celery", celery_task="tasks.mul", kwargs_columns="x,y").save()
+    rows = _jobs(spark, url).collect()
+    assert {(r.queue, r.kind, r.task) for r in rows} == {
+        ("default", "dramatiq", "add"),
+        ("celery", "celery", "tasks.mul"),
+    }
+    assert len({r.message_id for r in rows}) == 40
+    with Queue(url) as queue:
+        import dramatiq
+
+        messages = [dramatiq.Message.decode(d.payload) for d in queue.claim("default", 20)]
+    assert sorted(m.args for m in messages) == [(x, 2 * x) for x in range(20)]
+
+
+def test_a_failing_partition_leaves_the_queue_unchanged(spark: Any, tmp_path: Path) -> None:
+    url = (tmp_path / "store").as_uri()
+    with Queue(url) as queue:
+        queue.enqueue("q", b"already there")
+
+    @F.udf("string", useArrow=False)  # plain UDF: no type-hint inference
+    def poisoned(n: int) -> str | None:
+        # Partition 1's last row is null on every attempt: the writer refuses it after it has
+        # staged the rows before it (late, so partition 0 has staged all of its rows by then).
+        if n == ROWS - 1:
+            time.sleep(1.0)
+            return None
+        return f"row-{n}"
+
+    df = spark.range(0, ROWS, numPartitions=2).select(poisoned("id").alias("payload"))
+    with pytest.raises(Exception, match="is null; expected a payload"):
+        _writer(spark, df, url, rows_per_object="10").save()
+    with Queue(url) as queue:
+        assert [job.payload for _, job in queue.jobs("q")] == [b"already there"]
+    assert _staged(url) == []
+
+
+def test_a_retried_partition_enqueues_its_rows_once(spark: Any, tmp_path: Path) -> None:
+    url = (tmp_path / "store").as_uri()
+
+    @F.udf("string", useArrow=False)  # plain UDF: no type-hint inference
+    def fails_first_time(n: int) -> str | None:
+        context = TaskContext.get()
+        if n == ROWS - 1 and context is not None and context.attemptNumber() == 0:
+            return None  # the first attempt of partition 1 fails at its last row
+        return f"row-{n}"
+
+    df = spark.range(0, ROWS, numPartitions=2).select(fails_first_time("id").alias("payload"))
+    _writer(spark, df, url, rows_per_object="10").save()
+    rows = _jobs(spark, url).collect()
+    assert sorted(r.payload for r in rows) == sorted(f"row-{n}".encode() for n in range(ROWS))
+    # The committed rows of partition 1 come from its second attempt; the first attempt's
+    # staged objects were removed.
+    with Queue(url) as queue:
+        refs = {split_ref(job.ref or "")[0] for _, job in queue.jobs("q")}
+    partitions = {tuple(Path(key).name.split("-")[:2]) for key in refs}
+    assert partitions == {("00000", "0"), ("00001", "1")}
+    assert set(_staged(url)) == refs
+
+
+def test_abort_after_a_landed_commit_keeps_what_the_queue_refers_to(tmp_path: Path) -> None:
+    # Spark calls abort() when commit() raises, even if the compare-and-set had landed.
+    import pyarrow as pa
+
+    url = (tmp_path / "store").as_uri()
+    source = ObjqDataSource({"url": url, "queue": "q", "rows_per_object": "2"})
+    writer = source.writer(StructType().add("payload", "string"), False)
+    batch = pa.RecordBatch.from_pydict({"payload": ["a", "b", "c"]})
+    message = writer.write(iter([batch]))
+    writer.commit([message])
+    writer.abort([message])
+    assert len(_staged(url)) == 2
+    # A retried commit of the same write adds nothing
+    writer.commit([message])
+    assert writer.committed is None
+    # A late attempt (a speculative copy still running) finds the write closed and cleans up
+    with pytest.raises(QueueError, match="already committed or aborted"):
+        writer.write(iter([batch]))
+    assert len(_staged(url)) == 2
+    with Queue(url) as queue:
+        deliveries = queue.claim("q", 10)
+        assert sorted(d.payload for d in deliveries) == [b"a", b"b", b"c"]
+        for delivery in deliveries:
+            queue.ack(delivery)
+    assert _staged(url) == []
+
+
+def test_unsupported_save_modes_are_refused(spark: Any, tmp_path: Path) -> None:
+    url = (tmp_path / "store").as_uri()
+    df = spark.range(3).selectExpr("cast(id as string) as payload")
+    with pytest.raises(Exception, match=r"use mode\('append'\)"):
+        _writer(spark, df, url).mode("overwrite").save()
+    with pytest.raises(AnalysisException, match="ErrorIfExists"):
+        _writer(spark, df, url).mode("error").save()
+    with pytest.raises(Exception, match=r"column.*'body'.*not in the DataFrame"):
+        _writer(spark, df, url, payload_column="body").save()
+    assert _staged(url) == []
+
+
+def _archive_hours(url: str) -> list[float]:
+    """Archive objects for 6 hours of one day, two queues, 5 jobs each per hour."""
+    store = open_store(url)
+    hours = [datetime(2026, 3, 1, h, 30, tzinfo=UTC).timestamp() for h in range(6)]
+    try:
+        for h, at in enumerate(hours):
+            for queue in ("a", "b"):
+                records = [
+                    ArchiveRecord(
+                        "done",
+                        f"c{h}{queue}",
+                        Job(
+                            id=f"{queue}-{h}-{n}",
+                            queue=queue,
+                            body="x",
+                            seq=n,
+                            enqueued_at=at - 5,
+                            visible_at=at,
+                            max_attempts=1,
+                            attempts=1,
+                            started_at=at - 1,
+                            finished_at=at + n,
+                        ),
+                    )
+                    for n in range(5)
+                ]
+                store.put(archive_key(f"c{h}{queue}", at + 10), encode_archive(records))
+    finally:
+        store.close()
+    return hours
+
+
+def test_filters_on_queue_and_time_are_pushed_down(spark: Any, tmp_path: Path) -> None:
+    url = (tmp_path / "store").as_uri()
+    hours = _archive_hours(url)
+
+    def archive() -> Any:
+        # A fresh relation per query: Spark keeps a pushed-down plan on the loaded relation.
+        return (
+            spark.read.format("objq")
+            .option("url", url)
+            .option("table", "archive")
+            .option("objects_per_partition", "1")
+            .load()
+        )
+
+    start = datetime.fromtimestamp(hours[2], UTC)
+    end = datetime.fromtimestamp(hours[3] + 2.5, UTC)  # within hour 3: jobs 0, 1, 2
+    chosen = archive().where(
+        (F.col("queue") == "a") & (F.col("finished_at") >= start) & (F.col("finished_at") < end)
+    )
+    plan = io.StringIO()
+    with contextlib.redirect_stdout(plan):
+        chosen.explain("formatted")
+    pushed = next(line for line in plan.getvalue().splitlines() if "PushedFilters" in line)
+    assert "EqualTo(queue,a)" in pushed
+    assert "GreaterThanOrEqual(finished_at" in pushed
+    assert "LessThan(finished_at" in pushed
+    assert sorted(r.id for r in chosen.collect()) == [
+        *(f"a-2-{n}" for n in range(5)),
+        *(f"a-3-{n}" for n in range(3)),
+    ]
+    # One object per partition: the partitions count the archive objects read.
+    # Hours 2 and 3, plus one hour of commit slack after the range: 3 hours of 2 objects.
+    assert chosen.rdd.getNumPartitions() == 6
+    assert archive().rdd.getNumPartitions() == 12
+    assert archive().count() == 60

@@ -1,0 +1,122 @@
+"""Enqueueing staged bodies objects in one commit (the core of the Spark writer), and the
+Dramatiq/Celery messages it builds. No Spark needed."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import dramatiq
+import pytest
+from kombu.utils.json import loads as kombu_loads
+
+from objq_broker import ConfigurationError, Queue
+from objq_broker.bodies import encode_bodies
+from objq_broker.messages import celery_message, describe, dramatiq_message
+from objq_broker.state import QueueState, StagedBodies
+from objq_broker.storage import MemoryStore
+
+
+def _stage(store: MemoryStore, key: str, bodies: list[str]) -> StagedBodies:
+    store.put(key, encode_bodies([(body, False) for body in bodies]))
+    return StagedBodies(key, len(bodies))
+
+
+def test_staged_rows_become_jobs_that_read_their_bodies_and_free_them() -> None:
+    # Given two staged objects
+    store = MemoryStore("staged-basic")
+    staged = [
+        _stage(store, "staging/w1/0.json", ["a", "b"]),
+        _stage(store, "staging/w1/1.json", ["c"]),
+    ]
+    with Queue(store=store) as queue:
+        # When they are enqueued in one commit
+        assert queue.enqueue_staged("q", staged, write_id="w1") == 3
+        writes = queue.metrics().state_writes
+        # Then the jobs come out in order with their payloads
+        deliveries = queue.claim("q", 3)
+        assert [d.payload for d in deliveries] == [b"a", b"b", b"c"]
+        assert writes == 1
+        # And each object is deleted once its last job finished, not before
+        queue.ack(deliveries[0])
+        assert store.list("staging/") == ["staging/w1/0.json", "staging/w1/1.json"]
+        queue.ack(deliveries[1])
+        queue.ack(deliveries[2])
+        assert store.list("staging/") == []
+
+
+def test_a_repeated_write_id_adds_nothing() -> None:
+    store = MemoryStore("staged-replay")
+    staged = [_stage(store, "staging/w2/0.json", ["a", "b"])]
+    with Queue(store=store) as queue:
+        assert queue.enqueue_staged("q", staged, write_id="w2") == 2
+        # A retried commit (new job ids, same write id) is recognised
+        assert queue.enqueue_staged("q", staged, write_id="w2") is None
+        assert queue.stats("q").ready == 2
+        # Another write id naming an object already referenced is refused
+        with pytest.raises(ConfigurationError, match="already refer"):
+            queue.enqueue_staged("q", staged, write_id="w3")
+        assert queue.stats("q").ready == 2
+
+
+def test_refused_staged_enqueue_leaves_the_state_unchanged() -> None:
+    state = QueueState()
+    bad = [StagedBodies("staging/x/0.json", 2, priorities=(1,))]
+    with pytest.raises(ConfigurationError, match="1 priorities"):
+        state.enqueue_staged("q", bad, ["i1", "i2"], 0.0, write_id="x")
+    with pytest.raises(ConfigurationError, match="3 job ids"):
+        state.enqueue_staged("q", [StagedBodies("k", 2)], ["a", "b", "c"], 0.0, write_id="x")
+    assert not state.dirty
+    assert state.jobs == {}
+    assert state.doc.bodies == {}
+
+
+def test_per_row_priorities_and_delays() -> None:
+    state = QueueState()
+    staged = [StagedBodies("k", 3, priorities=(5, 0, 1), delays=(0.0, 0.0, 60.0))]
+    state.enqueue_staged("q", staged, ["a", "b", "c"], 100.0, write_id="w")
+    claimed = state.claim("q", ["t1", "t2", "t3"], "me", 100.0)
+    assert [job.id for job in claimed] == ["b", "a"]  # c waits its delay
+    assert state.jobs["c"].visible_at == 160.0
+
+
+def test_dramatiq_message_is_what_dramatiq_decodes() -> None:
+    payload = dramatiq_message("default", "add", [1, 2], {"z": 3}, message_id="m-1")
+    message = dramatiq.Message.decode(payload)
+    assert (message.queue_name, message.actor_name, message.args, message.kwargs) == (
+        "default",
+        "add",
+        (1, 2),
+        {"z": 3},
+    )
+    assert message.message_id == "m-1"
+    info = describe(payload)
+    assert info is not None
+    assert (info.kind, info.task, info.message_id) == ("dramatiq", "add", "m-1")
+
+
+def test_celery_message_carries_protocol_two_in_kombus_envelope() -> None:
+    payload = celery_message("celery", "tasks.add", [1, 2], {"z": 3}, task_id="t-1")
+    envelope = kombu_loads(payload)
+    assert envelope["headers"]["task"] == "tasks.add"
+    assert envelope["headers"]["id"] == "t-1"
+    assert envelope["properties"]["delivery_info"]["routing_key"] == "celery"
+    args, kwargs, embed = json.loads(base64.b64decode(envelope["body"]))
+    assert (args, kwargs) == ([1, 2], {"z": 3})
+    assert set(embed) == {"callbacks", "errbacks", "chain", "chord"}
+    info = describe(payload)
+    assert info is not None
+    assert (info.kind, info.task, info.message_id) == ("celery", "tasks.add", "t-1")
+
+
+def test_describe_knows_celery_protocol_one_and_ignores_other_payloads() -> None:
+    body = base64.b64encode(json.dumps({"task": "old.task", "id": "o-1"}).encode()).decode()
+    legacy = json.dumps({"body": body, "properties": {"body_encoding": "base64"}}).encode()
+    info = describe(legacy)
+    assert info is not None
+    assert (info.kind, info.task, info.message_id) == ("celery", "old.task", "o-1")
+    assert describe(b"plain bytes") is None
+    assert describe(b'{"a": 1}') is None
+    assert describe(b"{not json") is None
+    with pytest.raises(ConfigurationError, match="list of arguments"):
+        dramatiq_message("q", "a", "not a list")  # type: ignore[arg-type]
