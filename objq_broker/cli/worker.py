@@ -36,12 +36,14 @@ log = logging.getLogger("objq_broker.worker")
 
 #: Seconds one claim waits for a job before the worker looks at its signals again.
 CLAIM_WAIT_SECONDS = 1.0
+#: How often a ``--burst`` worker looks again while the jobs left are delayed or held elsewhere.
+BURST_POLL_SECONDS = 0.2
 
 
 @dataclass
 class Tally:
     done: int = 0
-    retried: int = 0
+    retry: int = 0
     dead: int = 0
     lost: int = 0
     released: int = 0
@@ -120,15 +122,21 @@ class CommandWorker:
                 if room <= 0:
                     self._cv.wait(CLAIM_WAIT_SECONDS)
                     continue
-            claimed = self.queue.claim(self.queue_name, room, timeout=CLAIM_WAIT_SECONDS)
+            # A burst worker must notice an empty queue at once, not after a claim's wait.
+            wait = None if self.burst else CLAIM_WAIT_SECONDS
+            claimed = self.queue.claim(self.queue_name, room, timeout=wait)
             with self._cv:
                 self._waiting.extend(claimed)
                 self._cv.notify_all()
                 idle = not self._waiting and not self._running
+                if not claimed and self.burst and not idle:
+                    self._cv.wait(BURST_POLL_SECONDS)  # woken when a runner finishes
             if self._stopping.is_set():
                 return
-            if not claimed and idle and self.burst and self._queue_empty():
-                return
+            if not claimed and idle and self.burst:
+                if self._queue_empty():
+                    return
+                time.sleep(BURST_POLL_SECONDS)  # delayed or others' jobs: look again soon
 
     def _queue_empty(self) -> bool:
         stats = self.queue.stats(self.queue_name)
@@ -161,6 +169,8 @@ class CommandWorker:
                 self._cv.notify_all()
             try:
                 self._process(delivery)
+            except Exception:  # a runner must outlive a failure: the lease brings the job back
+                log.exception("job %s: could not be settled", delivery.id)
             finally:
                 with self._cv:
                     self._running.pop(delivery.id, None)
@@ -219,8 +229,10 @@ class CommandWorker:
             except ObjqError as exc:  # keep beating: the next try may reach the storage
                 log.warning("heartbeat failed: %s", exc)
                 continue
+            with self._cv:  # a job settled meanwhile lost its lease by being acked
+                still = {*(d.id for d in self._waiting), *self._running}
             for delivery, ok in zip(held, alive, strict=False):
-                if not ok:
+                if not ok and delivery.id in still:
                     log.warning("job %s: lease lost; another worker may run it", delivery.id)
 
     # --- output ----------------------------------------------------------------------------
@@ -232,8 +244,8 @@ class CommandWorker:
             return
         if event["event"] == "finished":
             message = (
-                f"job {event['id']} attempt {event['attempt']}: {event['outcome']} "
-                f"in {event['seconds']:.2f} s"
+                f"job {event['id']} attempt {event['attempt']}: ran {event['seconds']:.2f} s, "
+                f"{event['outcome']}"
             )
             if event["error"]:
                 message += f" ({event['error'].splitlines()[0][:120]})"
@@ -241,4 +253,5 @@ class CommandWorker:
             message = f"job {event['id']} attempt {event['attempt']}: started"
         else:
             message = f"gave back {len(event['ids'])} prefetched jobs"
-        print(f"objq worker: {message}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"objq worker: {message}\n")  # one write: runners print at once
+        sys.stderr.flush()

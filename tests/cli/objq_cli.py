@@ -1,0 +1,128 @@
+"""Running the real ``objq`` executable of this environment as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Seconds any one ``objq`` command may take before the test fails.
+COMMAND_TIMEOUT_SECONDS = 60.0
+
+
+def objq_command() -> list[str]:
+    """The ``objq`` script installed next to this interpreter, else the module it runs."""
+    script = Path(sys.executable).parent / "objq"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "objq_broker.cli"]
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+    def json_lines(self) -> list[Any]:
+        return [json.loads(line) for line in self.stdout.splitlines() if line.strip()]
+
+
+def environment(url: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "OBJQ_URL"}
+    if url is not None:
+        env["OBJQ_URL"] = url
+    return env
+
+
+def run_objq(
+    *args: str,
+    url: str | None,
+    stdin: str | None = None,
+    cwd: Path | None = None,
+    tty_answer: str | None = None,
+) -> Result:
+    """Run ``objq ARGS`` against ``url`` (as $OBJQ_URL). ``tty_answer`` gives the command a
+    terminal on stdin and types that line into it."""
+    command = [*objq_command(), *args]
+    if tty_answer is None:
+        done = subprocess.run(
+            command,
+            check=False,
+            input=stdin if stdin is not None else "",
+            capture_output=True,
+            text=True,
+            env=environment(url),
+            cwd=cwd,
+            timeout=COMMAND_TIMEOUT_SECONDS,
+        )
+        return Result(done.returncode, done.stdout, done.stderr)
+    leader, follower = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            command,
+            stdin=follower,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment(url),
+            cwd=cwd,
+        )
+        os.close(follower)
+        follower = -1
+        os.write(leader, tty_answer.encode() + b"\n")
+        out, err = process.communicate(timeout=COMMAND_TIMEOUT_SECONDS)
+        return Result(process.returncode, out, err)
+    finally:
+        if follower >= 0:
+            os.close(follower)
+        os.close(leader)
+
+
+#: The ``objq`` fixture: ``objq(*args, url=..., stdin=None, cwd=None, tty_answer=None)``.
+Objq = Callable[..., Result]
+
+
+class Workers:
+    """``objq worker`` processes started by a test, stopped at its end."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.started: list[subprocess.Popen[str]] = []
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [*objq_command(), "worker", "--json", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment(self.url),
+        )
+        self.started.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.kill()
+            process.communicate(timeout=10)
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

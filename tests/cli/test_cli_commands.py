@@ -1,0 +1,208 @@
+"""The ``objq`` executable against a local directory and moto's S3 server: outputs (``--json``
+parsed), exit codes, confirmations, and the state each command leaves behind."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from objq_cli import Objq
+
+
+def test_declare_enqueue_inspect_and_configure(objq: Objq, cli_url: str, tmp_path: Path) -> None:
+    # Given a queue declared with settings
+    created = objq(
+        "declare", "mail", "--max-attempts", "4", "--lease", "90s", "--json", url=cli_url
+    )
+    assert created.code == 0, created.stderr
+    assert created.json()["created"] is True
+    assert created.json()["config"]["max_attempts"] == 4
+    assert created.json()["config"]["lease_seconds"] == 90.0
+
+    # When jobs are enqueued one at a time, delayed, and from a JSON-lines file
+    one = objq("enqueue", "mail", "hello", "--priority", "-1", "--json", url=cli_url)
+    assert one.code == 0, one.stderr
+    [job_id] = one.json()["ids"]
+    later = objq("enqueue", "mail", "later", "--delay", "1h", url=cli_url)
+    assert later.code == 0 and len(later.stdout.strip()) == 32
+    lines = tmp_path / "jobs.jsonl"
+    lines.write_text('{"to": "ada"}\n\n{"to": "bob"}\n')
+    bulk = objq("enqueue", "mail", "--jsonl", str(lines), "--json", url=cli_url)
+    assert bulk.code == 0, bulk.stderr
+    assert bulk.json()["enqueued"] == 2
+
+    # Then status, jobs and config show them
+    status = objq("status", "--json", url=cli_url).json()
+    [mail] = status["queues"]
+    assert (mail["ready"], mail["delayed"], mail["in_flight"], mail["dead"]) == (3, 1, 0, 0)
+    assert status["version"] >= 4 and status["size_bytes"] > 0
+    assert abs(status["committed_at"] - time.time()) < 60
+    table = objq("status", url=cli_url)
+    assert table.code == 0 and "IN FLIGHT" in table.stdout and "mail" in table.stdout
+
+    listed = objq("jobs", "list", "mail", "--json", url=cli_url).json()
+    assert [row["payload"] for row in listed[:3]] == ["hello", '{"to": "ada"}', '{"to": "bob"}']
+    assert listed[3]["state"] == "delayed"
+    ready = objq("jobs", "list", "mail", "--state", "ready", "--limit", "1", "--json", url=cli_url)
+    assert [row["id"] for row in ready.json()] == [job_id]
+    shown = objq("jobs", "show", job_id, "--json", url=cli_url).json()
+    assert (shown["payload"], shown["priority"], shown["state"]) == ("hello", -1, "ready")
+
+    changed = objq("config", "set", "mail", "backoff-base", "2.5", "--json", url=cli_url)
+    assert changed.code == 0, changed.stderr
+    assert changed.json()["config"]["backoff_base_seconds"] == 2.5
+    config = objq("config", "show", "mail", "--json", url=cli_url).json()
+    assert config["mail"]["backoff_base_seconds"] == 2.5
+    assert config["mail"]["max_attempts"] == 4
+
+
+def test_bulk_enqueue_commits_in_batches(objq: Objq, file_url: str, tmp_path: Path) -> None:
+    lines = tmp_path / "payloads.txt"
+    lines.write_text("".join(f"payload {i}\n" for i in range(2500)))
+    assert objq("declare", "bulk", url=file_url).code == 0
+    before = objq("status", "--json", url=file_url).json()["version"]
+
+    done = objq("enqueue", "bulk", "--file", str(lines), "--batch", "1000", "--json", url=file_url)
+
+    assert done.code == 0, done.stderr
+    assert done.json()["enqueued"] == 2500 and len(set(done.json()["ids"])) == 2500
+    after = objq("status", "--json", url=file_url).json()
+    assert after["version"] - before == 3  # 1000 + 1000 + 500: one commit each
+    assert after["queues"][0]["ready"] == 2500
+    first = objq("jobs", "list", "bulk", "--limit", "1", "--json", url=file_url).json()
+    assert first[0]["payload"] == "payload 0"
+
+
+def test_destructive_commands_ask_first(objq: Objq, file_url: str) -> None:
+    for payload in ("a", "b"):
+        assert objq("enqueue", "q", payload, url=file_url).code == 0
+    state = Path(file_url.removeprefix("file://")) / "state.json"
+    original = state.read_bytes()
+
+    # No terminal and no --yes: refused, nothing changed
+    refused = objq("purge", "q", url=file_url)
+    assert refused.code == 2
+    assert "stdin is not a terminal" in refused.stderr and "--yes" in refused.stderr
+    assert state.read_bytes() == original
+
+    # A terminal answering no: cancelled
+    declined = objq("purge", "q", url=file_url, tty_answer="n")
+    assert declined.code == 1, declined.stderr
+    assert "delete the 2 ready and delayed jobs of queue 'q'" in declined.stderr
+    assert "cancelled" in declined.stderr
+    assert state.read_bytes() == original
+
+    # A terminal answering yes: purged
+    accepted = objq("purge", "q", "--json", url=file_url, tty_answer="yes")
+    assert accepted.code == 0, accepted.stderr
+    assert accepted.json() == {"queue": "q", "purged": 2}
+    assert objq("status", "--json", url=file_url).json()["queues"][0]["ready"] == 0
+
+
+def test_dead_letters_list_retry_purge(objq: Objq, file_url: str) -> None:
+    # Given three jobs that died on their only attempt (the worker runs `false`)
+    assert objq("declare", "jobs", "--max-attempts", "1", url=file_url).code == 0
+    for _ in range(3):
+        assert objq("enqueue-cmd", "jobs", "--", "false", url=file_url).code == 0
+    ran = objq("worker", "--queue", "jobs", "--burst", "--json", url=file_url)
+    assert ran.code == 0, ran.stderr
+    assert ran.json_lines()[-1]["dead"] == 3
+    dead = objq("dead", "list", "jobs", "--json", url=file_url).json()
+    assert len(dead) == 3 and all(row["error"] == "exit code 1" for row in dead)
+
+    # When one is retried and the others purged
+    usage = objq("dead", "retry", "jobs", url=file_url)
+    assert usage.code == 2 and "job ids or --all" in usage.stderr
+    retried = objq("dead", "retry", "jobs", dead[0]["id"], "--json", url=file_url)
+    assert retried.code == 0 and retried.json()["retried"] == [dead[0]["id"]]
+    unknown = objq("dead", "retry", "jobs", "nope", url=file_url)
+    assert unknown.code == 1 and "no dead letters with ids ['nope']" in unknown.stderr
+    purged = objq("dead", "purge", "jobs", "--all", "--yes", "--json", url=file_url)
+    assert purged.code == 0 and purged.json()["purged"] == 2
+
+    # Then the retried one is ready with fresh attempts, and no dead letter is left
+    [status] = objq("status", "--json", url=file_url).json()["queues"]
+    assert (status["ready"], status["dead"]) == (1, 0)
+    job = objq("jobs", "show", dead[0]["id"], "--json", url=file_url).json()
+    assert (job["state"], job["attempts"]) == ("ready", 0)
+
+
+def test_archive_list_and_cat(objq: Objq, file_url: str) -> None:
+    assert objq("declare", "arch", "--max-attempts", "1", url=file_url).code == 0
+    assert objq("enqueue-cmd", "arch", "--", "true", url=file_url).code == 0
+    assert objq("enqueue-cmd", "arch", "--", "false", url=file_url).code == 0
+    assert objq("worker", "--queue", "arch", "--burst", url=file_url).code == 0
+
+    keys = objq("archive", "list", "--since", "1h", "--json", url=file_url)
+    assert keys.code == 0, keys.stderr
+    assert keys.json() and all(k["key"].startswith("archive/") for k in keys.json())
+    records = objq("archive", "cat", "--since", "1h", "--queue", "arch", url=file_url)
+    assert records.code == 0, records.stderr
+    outcomes = sorted(
+        (r["outcome"], json.loads(r["payload"])["argv"][0]) for r in records.json_lines()
+    )
+    assert outcomes == [("dead", "false"), ("done", "true")]
+    future = objq("archive", "cat", "--since", "2999-01-01T00:00", url=file_url)
+    assert future.code == 0 and future.stdout == ""
+    backwards = objq("archive", "list", "--since", "1h", "--until", "2h", url=file_url)
+    assert backwards.code == 2 and "must be later than --since" in backwards.stderr
+
+
+def test_requeue_stale_returns_expired_leases(objq: Objq, file_url: str) -> None:
+    from objq_broker import Queue
+
+    assert objq("declare", "stale", "--lease", "0.2", url=file_url).code == 0
+    assert objq("enqueue", "stale", "x", url=file_url).code == 0
+    with Queue(file_url) as queue:  # a worker that claims and vanishes
+        [delivery] = queue.claim("stale")
+    assert objq("status", "--json", url=file_url).json()["queues"][0]["in_flight"] == 1
+    time.sleep(0.3)
+
+    requeued = objq("requeue-stale", "--json", url=file_url)
+
+    assert requeued.code == 0 and requeued.json() == {"requeued": 1}
+    job = objq("jobs", "show", delivery.id, "--json", url=file_url).json()
+    assert job["state"] == "ready" and job["error"] == "lease expired on attempt 1"
+
+
+def test_demo_and_its_module_alias(objq: Objq, tmp_path: Path) -> None:
+    # `objq demo` defaults to ./objq-data
+    shown = objq("demo", "--jobs", "400", url=None, cwd=tmp_path)
+    assert shown.code == 0, shown.stderr
+    assert "QUEUE" in shown.stdout and "jobs/s with 4 worker threads" in shown.stdout
+    assert (tmp_path / "objq-data" / "state.json").exists()
+
+    url = (tmp_path / "other").as_uri()
+    result = objq("demo", "--jobs", "300", "--workers", "2", "--url", url, "--json", url=None)
+    assert result.code == 0, result.stderr
+    summary = result.json()
+    assert summary["done"] + summary["dead"] == summary["jobs"] == 300
+    assert summary["dead"] == 3 and summary["retried"] == 3 * 2 + 3
+    [demo] = summary["status"]["queues"]
+    assert (demo["ready"], demo["delayed"], demo["in_flight"], demo["dead"]) == (0, 0, 0, 3)
+
+
+def test_status_watch_refreshes_until_interrupted(file_url: str) -> None:
+    import signal
+    import subprocess
+
+    from objq_cli import environment, objq_command
+
+    declared = subprocess.run(
+        [*objq_command(), "declare", "w"], check=False, env=environment(file_url)
+    )
+    assert declared.returncode == 0
+    process = subprocess.Popen(
+        [*objq_command(), "status", "--watch", "0.1", "--json"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=environment(file_url),
+    )
+    assert process.stdout is not None
+    first, second = process.stdout.readline(), process.stdout.readline()
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=10)
+    assert process.returncode == 0
+    assert json.loads(first)["queues"][0]["queue"] == "w"
+    assert json.loads(second)["read_at"] > json.loads(first)["read_at"]
