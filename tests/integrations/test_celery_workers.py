@@ -1,7 +1,7 @@
 """Real `celery worker` processes running the example app on objq.
 
 Each run sends a mix of the app's tasks (plain, countdown and ETA, autoretry and ``self.retry``,
-priority 0 and 9, rejected ones) from a producer process, kills one worker with SIGKILL while
+priorities 0, 5 and 9, rejected ones) from a producer process, kills one worker with SIGKILL while
 it holds prefetched, running and countdown messages (the app acks late), starts a replacement,
 and then checks that every task ran at least once, that nothing ran that was not sent, and that
 the broker's queue is empty, with exactly the rejected tasks among its dead letters.
@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Celery's default queue, which every task of the app goes to.
 APP_QUEUE = "celery"
 DOOMED_TASK = "integrations.celery_app.tasks.doomed"
+#: How long a worker may take for a warm shutdown after SIGTERM.
+STOP_TIMEOUT_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -103,14 +105,28 @@ def _start_worker(
         )
 
 
-def _stop(worker: subprocess.Popen[bytes], sig: int) -> None:
+def _kill(worker: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the worker and its pool's children at once, as a crashed host would."""
     if worker.poll() is None:
-        os.killpg(worker.pid, sig)
-    try:
-        worker.wait(timeout=60)
-    except subprocess.TimeoutExpired:
         os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=10)
+    worker.wait(timeout=30)
+
+
+def _stop(*workers: subprocess.Popen[bytes] | None) -> None:
+    """Warm shutdown: SIGTERM to each main process only (it stops its own pool). A worker that
+    does not exit in time is killed, and the test fails."""
+    running = [w for w in workers if w is not None and w.poll() is None]
+    for worker in running:
+        worker.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+    stuck = []
+    for worker in running:
+        try:
+            worker.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _kill(worker)
+            stuck.append(worker.pid)
+    assert not stuck, f"workers {stuck} ignored SIGTERM for {STOP_TIMEOUT_SECONDS} s"
 
 
 def _lines(results: Path) -> Counter[str]:
@@ -129,7 +145,7 @@ import integrations.celery_app as app
 
 def send(n):
     if n < {mix.add}:
-        app.add.apply_async((n, 1), priority=9 if n % 2 else None)
+        app.add.apply_async((n, 1), priority=0 if n % 2 else None)
     if n < {mix.remind}:
         countdown = 0.5 + (n % 10) / 10
         due = time.time() + countdown
@@ -203,24 +219,26 @@ def run_app(
     start = lambda name: _start_worker(env, name, logs, pool=pool, concurrency=concurrency)  # noqa: E731
     first, second = start("first"), start("second")
     replacement = None
+    started = time.monotonic()
     try:
         # Given two workers and a mix of tasks sent by a producer
         _send(env, mix)
+        sent = time.monotonic()
         # When one worker is killed mid-run (it holds prefetched, running and countdown
         # messages) and a replacement starts
         deadline = time.monotonic() + 120
         while sum(_lines(results).values()) < mix.total // 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        _stop(first, signal.SIGKILL)
+        _kill(first)
+        killed = time.monotonic()
         replacement = start("replacement")
         # Then every task runs at least once
         expected = mix.expected_lines()
         _wait_for(expected, results, [second, replacement], timeout=240)
+        ran = time.monotonic()
         dead = _wait_empty(store_url(broker_url), timeout=60)
     finally:
-        for worker in (first, second, replacement):
-            if worker is not None:
-                _stop(worker, signal.SIGTERM)
+        _stop(first, second, replacement)
 
     seen = _lines(results)
     early = sorted(line for line in seen if line.startswith("remind-early"))
@@ -233,7 +251,9 @@ def run_app(
     store = broker_url.split(":", maxsplit=1)[0]
     print(
         f"\n{store} {pool}: {mix.total} tasks, {duplicates} ran more than once, "
-        f"{len(dead)} dead letters ({sum(doomed.values()) - mix.doomed} duplicates)"
+        f"{len(dead)} dead letters ({sum(doomed.values()) - mix.doomed} duplicates); "
+        f"sent in {sent - started:.1f} s, killed at {killed - started:.1f} s, "
+        f"all ran at {ran - started:.1f} s"
     )
 
 
@@ -273,8 +293,7 @@ def test_long_task_is_not_redelivered_while_its_worker_lives(tmp_path: Path) -> 
         _wait_empty(store_url(broker_url), timeout=30)
         time.sleep(2 * visibility_timeout)  # time for a wrongly expired lease to be redelivered
     finally:
-        for worker in workers:
-            _stop(worker, signal.SIGTERM)
+        _stop(*workers)
     # Then it ran exactly once
     seen = _lines(results)
     assert seen["long-start 1"] == 1, seen
