@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import dramatiq
 import pytest
@@ -120,3 +121,23 @@ def test_describe_knows_celery_protocol_one_and_ignores_other_payloads() -> None
     assert describe(b"{not json") is None
     with pytest.raises(ConfigurationError, match="list of arguments"):
         dramatiq_message("q", "a", "not a list")  # type: ignore[arg-type]
+
+
+def test_celery_message_is_consumed_through_the_objq_kombu_transport(tmp_path: Path) -> None:
+    from kombu import Connection
+
+    import objq_broker.kombu  # noqa: F401  (registers the objq transport)
+
+    url = (tmp_path / "store").as_uri()
+    with Queue(url) as queue:
+        queue.enqueue("celery", celery_message("celery", "tasks.add", [2, 3], task_id="t-9"))
+    with Connection(f"objq+{url}") as connection:
+        simple = connection.SimpleQueue("celery")
+        try:
+            message = simple.get(timeout=10)
+            assert (message.headers["task"], message.headers["id"]) == ("tasks.add", "t-9")
+            args, kwargs, _ = message.decode()
+            assert (args, kwargs) == ([2, 3], {})
+            message.ack()
+        finally:
+            simple.close()
