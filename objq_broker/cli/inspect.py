@@ -46,11 +46,11 @@ def parse_time(text: str) -> float:
         if stamp.tzinfo is None:
             stamp = stamp.replace(tzinfo=UTC)
         return stamp.timestamp()
-    if raw[-1:].lower() in DURATION_UNITS:
-        return time.time() - parse_duration(raw)
     try:
+        if raw[-1:].lower() in DURATION_UNITS:
+            return time.time() - parse_duration(raw)
         return float(raw)
-    except ValueError:
+    except (ValueError, UsageError):
         raise UsageError(
             f"time: expected ISO 8601 (2026-11-26T10:00), Unix seconds or an age (2h), "
             f"found {text!r}"
