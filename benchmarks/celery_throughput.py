@@ -1,0 +1,321 @@
+"""Celery throughput: the objq kombu transport against Celery's Redis transport (the anchor).
+
+Both run side by side in one run, with the same Celery settings (defaults, results ignored):
+
+* ``objq file://``: ``broker_url = "objq+file://<tmpdir>"`` (the file store's default fsync).
+* ``redis``: ``broker_url = "redis://127.0.0.1:<port>/0"`` on a redis-server this script starts
+  with ``--save '' --appendonly no`` (no persistence).
+
+For each broker, on a fresh, empty queue:
+
+1. **apply_async, 1 thread**: ``noop.apply_async()`` for every message, one after the other,
+   from this process (Celery's producer pool, one connection). Rate = messages / seconds.
+2. **apply_async, 8 threads**: a smaller count sent from 8 threads sharing Celery's producer
+   pool (``--threaded-messages``), into a second queue that is purged afterwards.
+3. **drain**: with the messages of (1) waiting, a real ``celery worker`` process starts
+   (``--pool prefork``, ``--concurrency`` and ``--prefetch-multiplier`` as given). Each pool
+   process notes when it started and finished its first and last task and how many it ran, and
+   writes that down at shutdown; drain rate = tasks run / (last finish - first start), so the
+   worker's boot time is not counted. The worker is stopped (SIGTERM) once the broker reports
+   the queue empty with nothing unacknowledged.
+
+    python benchmarks/celery_throughput.py                      # 10,000 messages
+    python benchmarks/celery_throughput.py --messages 1000      # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.signals import task_postrun, task_prerun, worker_process_shutdown
+
+import objq_broker.kombu  # noqa: F401  (registers the objq+... broker URLs)
+from objq_broker import Queue
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+QUEUE = "bench"
+THREADED_QUEUE = "bench-threaded"
+NOOP = "bench.noop"
+PRODUCER_THREADS = 8
+REDIS_SETTINGS = ("--save", "", "--appendonly", "no")
+#: Longest a drain may take before the run gives up on that broker.
+DRAIN_TIMEOUT_SECONDS = 600.0
+
+# --- the app (also loaded by the worker subprocess: celery -A celery_throughput) ------------
+
+
+def noop() -> None:
+    """Does nothing: the benchmark measures the broker, not the task."""
+
+
+def make_app(broker_url: str, transport_options: dict[str, Any]) -> Celery:
+    made = Celery("celery_throughput", broker=broker_url)
+    made.conf.update(
+        task_ignore_result=True,
+        task_default_queue=QUEUE,
+        broker_transport_options=transport_options,
+        worker_hijack_root_logger=False,
+    )
+    made.task(name=NOOP)(noop)
+    return made
+
+
+app = make_app(
+    os.environ.get("BENCH_BROKER_URL", "memory://"),
+    json.loads(os.environ.get("BENCH_TRANSPORT_OPTIONS", "{}")),
+)
+
+
+class _Tally:
+    """First start, last finish and count of the tasks one pool process ran."""
+
+    first: float | None = None
+    last: float | None = None
+    count = 0
+
+
+@task_prerun.connect
+def _started(**_: Any) -> None:
+    if _Tally.first is None:
+        _Tally.first = time.time()
+
+
+@task_postrun.connect
+def _finished(**_: Any) -> None:
+    _Tally.last = time.time()
+    _Tally.count += 1
+
+
+@worker_process_shutdown.connect
+def _write_tally(**_: Any) -> None:
+    folder = os.environ.get("BENCH_TALLY_DIR")
+    if folder and _Tally.count:
+        record = {"first": _Tally.first, "last": _Tally.last, "count": _Tally.count}
+        Path(folder, f"{os.getpid()}.json").write_text(json.dumps(record))
+
+
+# --- redis-server and brokers --------------------------------------------------------------
+
+
+@dataclass
+class Broker:
+    label: str
+    url: str
+    pending: Callable[[], int]  # messages waiting or unacknowledged in QUEUE
+    transport_options: dict[str, Any]
+
+
+def objq_pending(store_url: str) -> Callable[[], int]:
+    def pending() -> int:
+        with Queue(store_url) as queue:
+            if QUEUE not in queue.queues():
+                return 0
+            stats = queue.stats(QUEUE)
+            return stats.ready + stats.delayed + stats.in_flight
+
+    return pending
+
+
+def redis_pending(port: int) -> Callable[[], int]:
+    def pending() -> int:
+        client = redis.Redis(host="127.0.0.1", port=port)
+        try:
+            # The queue's list plus the transport's unacked hash (prefetched, not yet acked).
+            return int(client.llen(QUEUE)) + int(client.hlen("unacked"))
+        finally:
+            client.close()
+
+    return pending
+
+
+# --- measurements --------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    label: str
+    sent: int
+    send_seconds: float
+    threaded_sent: int
+    threaded_seconds: float
+    drained: int
+    drain_seconds: float
+
+    @property
+    def send_rate(self) -> float:
+        return self.sent / self.send_seconds
+
+    @property
+    def threaded_rate(self) -> float:
+        return self.threaded_sent / self.threaded_seconds
+
+    @property
+    def drain_rate(self) -> float:
+        return self.drained / self.drain_seconds
+
+
+def send_serially(producer_app: Celery, messages: int) -> float:
+    task = producer_app.tasks[NOOP]
+    started = time.perf_counter()
+    with producer_app.producer_or_acquire() as producer:
+        for _ in range(messages):
+            task.apply_async(producer=producer)
+    return time.perf_counter() - started
+
+
+def send_threaded(producer_app: Celery, messages: int, threads: int) -> float:
+    task = producer_app.tasks[NOOP]
+    counts = [messages // threads + (1 if i < messages % threads else 0) for i in range(threads)]
+    gate = threading.Barrier(threads + 1)
+
+    def produce(count: int) -> None:
+        gate.wait()
+        for _ in range(count):
+            task.apply_async(queue=THREADED_QUEUE)
+
+    with ThreadPoolExecutor(threads) as pool:
+        futures = [pool.submit(produce, count) for count in counts]
+        gate.wait()
+        started = time.perf_counter()
+        for future in futures:
+            future.result()
+        return time.perf_counter() - started
+
+
+def purge(producer_app: Celery, queue: str) -> None:
+    with producer_app.connection_for_write() as connection:
+        connection.default_channel.queue_purge(queue)
+
+
+def drain(broker: Broker, concurrency: int, prefetch: int, logs: Path) -> tuple[int, float]:
+    with tempfile.TemporaryDirectory(prefix="celery-bench-tally-") as tally:
+        env = dict(os.environ)
+        env.update(
+            BENCH_BROKER_URL=broker.url,
+            BENCH_TRANSPORT_OPTIONS=json.dumps(broker.transport_options),
+            BENCH_TALLY_DIR=tally,
+            PYTHONPATH=os.pathsep.join(p for p in (str(HERE), str(ROOT)) if p),
+        )
+        command = [
+            sys.executable, "-m", "celery", "-A", "celery_throughput", "worker",
+            "--pool", "prefork", "--concurrency", str(concurrency),
+            "--prefetch-multiplier", str(prefetch), "--queues", QUEUE,
+            "--loglevel", "WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]  # fmt: skip
+        with (logs / f"worker-{broker.label.split()[0]}.log").open("ab") as log:
+            worker = subprocess.Popen(command, cwd=HERE, env=env, stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + DRAIN_TIMEOUT_SECONDS
+            while broker.pending() and time.monotonic() < deadline:
+                if worker.poll() is not None:
+                    sys.exit(f"{broker.label}: the worker exited (code {worker.returncode})")
+                time.sleep(0.2)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=120)
+        tallies = [json.loads(p.read_text()) for p in Path(tally).glob("*.json")]
+    if not tallies:
+        sys.exit(f"{broker.label}: the worker ran no task (see {logs})")
+    first = min(t["first"] for t in tallies)
+    last = max(t["last"] for t in tallies)
+    return sum(t["count"] for t in tallies), last - first
+
+
+def measure(broker: Broker, messages: int, threaded: int, args: argparse.Namespace) -> Result:
+    producer_app = make_app(broker.url, broker.transport_options)
+    try:
+        send_seconds = send_serially(producer_app, messages)
+        threaded_seconds = send_threaded(producer_app, threaded, PRODUCER_THREADS)
+        purge(producer_app, THREADED_QUEUE)
+    finally:
+        producer_app.close()
+    drained, drain_seconds = drain(broker, args.concurrency, args.prefetch_multiplier, args.logs)
+    if drained < messages:
+        sys.exit(f"{broker.label}: {drained} of {messages} tasks ran")
+    print(
+        f"{broker.label}: apply_async {messages / send_seconds:,.0f}/s, "
+        f"8 threads {threaded / threaded_seconds:,.0f}/s, drain {drained / drain_seconds:,.0f}/s",
+        flush=True,
+    )
+    return Result(
+        broker.label, messages, send_seconds, threaded, threaded_seconds, drained, drain_seconds
+    )
+
+
+# --- report --------------------------------------------------------------------------------
+
+
+def table(results: list[Result]) -> str:
+    anchor = next(r for r in results if r.label == "redis")
+    lines = [
+        "| broker | apply_async 1 thread (msg/s) | vs redis | apply_async 8 threads (msg/s) "
+        "| vs redis | drain (msg/s) | vs redis |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.label} | {r.send_rate:,.0f} | {r.send_rate / anchor.send_rate:.2f} "
+            f"| {r.threaded_rate:,.0f} | {r.threaded_rate / anchor.threaded_rate:.2f} "
+            f"| {r.drain_rate:,.0f} | {r.drain_rate / anchor.drain_rate:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def environment() -> str:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"{platform.system()} {platform.release()} {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, celery {version('celery')}, "
+        f"kombu {version('kombu')}, redis-py {version('redis')}, load average at start {load}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=10_000)
+    parser.add_argument("--threaded-messages", type=int, default=2_000)
+    parser.add_argument("--concurrency", type=int, default=2, help="prefork pool processes")
+    parser.add_argument("--prefetch-multiplier", type=int, default=4, help="Celery's default: 4")
+    parser.add_argument("--visibility-timeout", type=float, default=60.0)
+    args = parser.parse_args()
+    print(environment(), flush=True)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from celery_suite.celery_upstream import start_redis as start
+
+    server = start()
+    scratch = Path(tempfile.mkdtemp(prefix="celery-bench-"))
+    options = {"visibility_timeout": args.visibility_timeout}
+    try:
+        store = (scratch / "store").as_uri()
+        brokers = [
+            Broker("objq file://", f"objq+{store}", objq_pending(store), options),
+            Broker("redis", server.url, redis_pending(server.port), options),
+        ]
+        args.logs = scratch
+        results = [measure(b, args.messages, args.threaded_messages, args) for b in brokers]
+    finally:
+        server.stop()
+    print()
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
