@@ -85,7 +85,8 @@ class ObjqWriter(DataSourceArrowWriter):
 
     def __init__(self, settings: WriteSettings, write_id: str | None = None) -> None:
         self.settings = settings
-        self.write_id = write_id or uuid.uuid4().hex
+        # Short ids and names: every job's reference to its row carries them into the state.
+        self.write_id = write_id or uuid.uuid4().hex[:16]
         #: Jobs the commit added (None when the write id had been committed before).
         self.committed: int | None = None
 
@@ -189,7 +190,7 @@ class _Stager:
         self.store = store
         self.marker = f"{prefix}{CLOSED_MARKER}"
         # A token per attempt: a re-run stage can repeat an attempt number.
-        self.stem = f"{prefix}{partition:05d}-{attempt}-{uuid.uuid4().hex[:8]}"
+        self.stem = f"{prefix}{partition}-{attempt}-{uuid.uuid4().hex[:6]}"
         self.rows_per_object = rows_per_object
         self.objects: list[StagedBodies] = []
         self._entries: list[tuple[str, bool]] = []
@@ -212,7 +213,7 @@ class _Stager:
             self._flush()
 
     def _flush(self) -> None:
-        key = f"{self.stem}-{len(self.objects):04d}.json"
+        key = f"{self.stem}-{len(self.objects)}.json"
         self.store.put(key, encode_bodies(self._entries))
         self.objects.append(
             StagedBodies(
