@@ -22,6 +22,7 @@ def draw_charts(out: Path, hourly: Any, tasks: Any) -> list[str]:
         axis.plot(rows["hour"], rows["jobs_per_second"], marker="o", label=label)
     axis.set_title("Throughput per hour")
     axis.set_ylabel("jobs finished per second")
+    _hour_axis(axis, hourly)
     _finish(figure, axis, out / "throughput.png", bool(len(hourly)))
     names.append("throughput.png")
 
@@ -39,6 +40,7 @@ def draw_charts(out: Path, hourly: Any, tasks: Any) -> list[str]:
                 )
         axis.set_title(f"{title} (p50 solid, p99 dashed)")
         axis.set_ylabel("seconds")
+        _hour_axis(axis, hourly)
         _finish(None, axis, None, bool(len(hourly)))
     figure.autofmt_xdate()
     figure.tight_layout()
@@ -56,6 +58,18 @@ def draw_charts(out: Path, hourly: Any, tasks: Any) -> list[str]:
     plt.close(figure)
     names.append("failures.png")
     return names
+
+
+def _hour_axis(axis: Any, hourly: Any) -> None:
+    """UTC hours on the x axis, an hour of margin either side (one hour alone would otherwise
+    be drawn on an axis of years)."""
+    import matplotlib.dates as mdates
+    import pandas as pd
+
+    axis.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d %H:%M"))  # type: ignore[no-untyped-call]
+    if len(hourly):
+        margin = pd.Timedelta(hours=1)
+        axis.set_xlim(hourly["hour"].min() - margin, hourly["hour"].max() + margin)
 
 
 def _finish(figure: Any, axis: Any, path: Path | None, has_data: bool) -> None:
