@@ -37,7 +37,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from objq_broker.bodies import encode_bodies
 from objq_broker.engine import STATE_KEY
-from objq_broker.errors import QueueError
+from objq_broker.errors import ObjqError, QueueError
 from objq_broker.queue import Queue
 from objq_broker.records import decode_state, encode_payload
 from objq_broker.spark_rows import RowPlan
@@ -139,8 +139,12 @@ class ObjqWriter(DataSourceArrowWriter):
             settings.queue,
             len(staged),
         )
-        # What failed or speculative attempts staged is not referenced: remove it now.
-        self._remove_staged(keep={obj.key for obj in staged})
+        # What failed or speculative attempts staged is not referenced: remove it now. The
+        # jobs are enqueued whatever happens here, so a failure must not fail the write.
+        try:
+            self._remove_staged(keep={obj.key for obj in staged})
+        except ObjqError as exc:
+            log.warning("write %s: staged objects left behind: %s", self.write_id, exc)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         log.info("write %s aborted: removing its staged objects", self.write_id)
