@@ -254,9 +254,8 @@ def cmd_archive_cat(ctx: Context) -> int:
         job = record.job
         if wanted is not None and job.queue != wanted:
             continue
-        line = {"outcome": record.outcome, "commit_id": record.commit_id}
-        line.update(job_dict(job, record.outcome, payload=False))
-        del line["state"]
+        line = job_dict(job, record.outcome, payload=False)  # state: "done" or "dead"
+        line["commit_id"] = record.commit_id
         line.update(payload_fields(job))
         print_json(line)
     return 0

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -237,6 +238,7 @@ def cmd_requeue_stale(ctx: Context) -> int:
 def cmd_worker(ctx: Context) -> int:
     from objq_broker.cli.worker import CommandWorker
 
+    logging.basicConfig(format="objq worker: %(message)s", level=logging.WARNING)
     a = ctx.args
     if a.count < 1 or (a.prefetch is not None and a.prefetch < 0):
         raise UsageError(

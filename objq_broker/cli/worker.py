@@ -79,7 +79,8 @@ class CommandWorker:
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # `objq worker &` in a script
+            signal.signal(signal.SIGINT, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # No lock here: the main thread may hold it. Every wait below has a short timeout.

@@ -140,7 +140,7 @@ def test_archive_list_and_cat(objq: Objq, file_url: str) -> None:
     records = objq("archive", "cat", "--since", "1h", "--queue", "arch", url=file_url)
     assert records.code == 0, records.stderr
     outcomes = sorted(
-        (r["outcome"], json.loads(r["payload"])["argv"][0]) for r in records.json_lines()
+        (r["state"], json.loads(r["payload"])["argv"][0]) for r in records.json_lines()
     )
     assert outcomes == [("dead", "false"), ("done", "true")]
     future = objq("archive", "cat", "--since", "2999-01-01T00:00", url=file_url)

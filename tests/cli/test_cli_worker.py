@@ -194,7 +194,7 @@ def test_job_of_a_killed_worker_runs_again_elsewhere(
     assert (finished["id"], finished["attempt"], finished["outcome"]) == (job_id, 2, "done")
     assert len((tmp_path / "marker.runs").read_text().split()) == 2
     [record] = objq("archive", "cat", "--queue", "work", url=file_url).json_lines()
-    assert record["outcome"] == "done" and record["attempts"] == 2
+    assert record["state"] == "done" and record["attempts"] == 2
 
 
 @pytest.mark.slow
