@@ -154,11 +154,12 @@ class Progress:
     def _draw(self, now: float) -> None:
         fraction = self.done / self.total if self.total else 1.0
         filled = int(fraction * PROGRESS_WIDTH)
-        rate = self.done / max(now - self._started, 1e-9)
+        elapsed = now - self._started
+        rate = f"{self.done / elapsed:,.0f}/s" if elapsed >= 0.5 else ""  # too early to tell
         bar = "#" * filled + "." * (PROGRESS_WIDTH - filled)
         text = (
             f"\r{self.label} [{bar}] {self.done:,}/{self.total:,} {fraction:4.0%} "
-            f"{rate:,.0f}/s {self.note}"
+            f"{rate} {self.note}"
         )
         self.stream.write(text.ljust(79) + "\x1b[K")
         self.stream.flush()

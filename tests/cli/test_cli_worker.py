@@ -237,3 +237,71 @@ def test_sigterm_finishes_running_jobs_and_gives_back_prefetched_ones(
     for job_id in released["ids"]:
         job = objq("jobs", "show", job_id, "--json", url=file_url).json()
         assert (job["state"], job["attempts"]) == ("ready", 0)
+
+
+def test_shell_env_cwd_and_payloads_that_are_not_commands(
+    objq: Objq, file_url: str, tmp_path: Path
+) -> None:
+    assert objq("declare", "misc", url=file_url).code == 0
+    shell = objq(
+        "enqueue-cmd",
+        "misc",
+        "--shell",
+        "--env",
+        "GREETING=hello",
+        "--cwd",
+        str(tmp_path),
+        "--",
+        "echo",
+        "$GREETING",
+        "|",
+        "tr",
+        "a-z",
+        "A-Z",
+        ">",
+        "out.txt",
+        url=file_url,
+    )
+    assert shell.code == 0, shell.stderr
+    plain = objq("enqueue", "misc", "rm -rf /", "--json", url=file_url)
+    [plain_id] = plain.json()["ids"]
+
+    ran = objq("worker", "--queue", "misc", "--burst", "--json", url=file_url)
+
+    assert ran.code == 0, ran.stderr
+    assert (tmp_path / "out.txt").read_text() == "HELLO\n"
+    [dead] = objq("dead", "list", "misc", "--json", url=file_url).json()
+    assert dead["id"] == plain_id and dead["attempts"] == 1  # never retried
+    assert dead["error"].startswith("command job: expected a JSON object")
+
+
+@pytest.mark.slow
+def test_heartbeats_keep_a_long_command_from_running_twice(
+    objq: Objq, file_url: str, tmp_path: Path, workers: Callable[[str], Workers]
+) -> None:
+    # Given a 1 s lease and a command that runs 2.5 s
+    runs = tmp_path / "runs.log"
+    script = (
+        "import os, sys, time\nopen(sys.argv[1], 'a').write(f'{os.getpid()}\\n')\ntime.sleep(2.5)\n"
+    )
+    assert objq("declare", "long", "--lease", "1", url=file_url).code == 0
+    enqueued = objq(
+        "enqueue-cmd", "long", "--", sys.executable, "-c", script, str(runs), url=file_url
+    )
+    assert enqueued.code == 0, enqueued.stderr
+    group = workers(file_url)
+    first = group.start("--queue", "long")
+    wait_for(runs.exists, "the command to start")
+
+    # When a second worker polls the queue while the command runs past its lease
+    second = group.start("--queue", "long", "--burst")
+    second_out, second_err = second.communicate(timeout=30)
+    first.send_signal(signal.SIGTERM)
+    first_out, first_err = first.communicate(timeout=30)
+
+    # Then the command ran once, on the first worker, and was acked there
+    assert second.returncode == 0 and first.returncode == 0, second_err + first_err
+    assert len(runs.read_text().split()) == 1
+    assert not [e for e in map(json.loads, second_out.splitlines()) if e["event"] == "finished"]
+    [finished] = [e for e in map(json.loads, first_out.splitlines()) if e["event"] == "finished"]
+    assert (finished["outcome"], finished["attempt"]) == ("done", 1)
