@@ -8,11 +8,13 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from objq_broker.cli.context import Context
 from objq_broker.cli.output import UsageError, age, print_json, size, table, when
 from objq_broker.cli.snapshot import Snapshot, job_dict, payload_fields, payload_preview
 from objq_broker.errors import JobNotFound
-from objq_broker.records import Job
+from objq_broker.records import Job, QueueConfig
 
 #: Units accepted in durations (``90s``, ``15m``, ``2h``, ``7d``).
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -201,20 +203,18 @@ def cmd_config_show(ctx: Context) -> int:
     names = [ctx.args.queue] if ctx.args.queue else snap.state.queue_names()
     configs = {name: snap.state.config(name) for name in names}
     if ctx.json:
-        print_json({name: _config_dict(config) for name, config in configs.items()})
+        print_json({name: config_dict(config) for name, config in configs.items()})
         return 0
     if not configs:
         print("no queues declared")
         return 0
-    fields = list(_config_dict(next(iter(configs.values()))))
-    rows = [[name, *_config_dict(config).values()] for name, config in configs.items()]
+    fields = list(config_dict(next(iter(configs.values()))))
+    rows = [[name, *config_dict(config).values()] for name, config in configs.items()]
     print(table(["QUEUE", *(f.replace("_seconds", " (s)") for f in fields)], rows))
     return 0
 
 
-def _config_dict(config: object) -> dict[str, Any]:
-    import msgspec
-
+def config_dict(config: QueueConfig) -> dict[str, Any]:
     out: dict[str, Any] = msgspec.to_builtins(config)
     return out
 

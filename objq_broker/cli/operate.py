@@ -12,7 +12,7 @@ from typing import Any
 
 from objq_broker.cli import cmdjob
 from objq_broker.cli.context import Context
-from objq_broker.cli.inspect import _config_dict, parse_duration
+from objq_broker.cli.inspect import config_dict, parse_duration
 from objq_broker.cli.output import Cancelled, Progress, UsageError, confirm
 
 #: Jobs per commit of a bulk enqueue (each batch is all-or-none).
@@ -54,7 +54,7 @@ def cmd_declare(ctx: Context) -> int:
     created = queue.declare(ctx.args.queue, **settings)
     config = queue.configure(ctx.args.queue, **settings) if settings and not created else None
     config = config or queue.config(ctx.args.queue)
-    result = {"queue": ctx.args.queue, "created": created, "config": _config_dict(config)}
+    result = {"queue": ctx.args.queue, "created": created, "config": config_dict(config)}
     ctx.emit(result, f"queue {ctx.args.queue!r} {'declared' if created else 'already declared'}")
     return 0
 
@@ -64,7 +64,7 @@ def cmd_config_set(ctx: Context) -> int:
     stored, value = setting_value(ctx.args.key, ctx.args.value)
     config = ctx.queue().configure(ctx.args.queue, **{stored: value})
     ctx.emit(
-        {"queue": ctx.args.queue, "config": _config_dict(config)},
+        {"queue": ctx.args.queue, "config": config_dict(config)},
         f"queue {ctx.args.queue!r}: {stored} = {value:g}",
     )
     return 0

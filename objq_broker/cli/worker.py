@@ -162,9 +162,11 @@ class CommandWorker:
         while True:
             with self._cv:
                 while not self._waiting and not self._claiming_done:
+                    if self._stopping.is_set():
+                        return
                     self._cv.wait(CLAIM_WAIT_SECONDS)
-                if not self._waiting:
-                    return
+                if not self._waiting or self._stopping.is_set():
+                    return  # stopping: what waits is given back, not started
                 delivery = self._waiting.popleft()
                 self._running[delivery.id] = delivery
                 self._cv.notify_all()
@@ -200,7 +202,8 @@ class CommandWorker:
         except LeaseLost as exc:
             result = "lost"
             log.warning("job %s: %s", delivery.id, exc)
-        setattr(self.tally, result, getattr(self.tally, result) + 1)
+        with self._cv:  # runners finish at the same time
+            setattr(self.tally, result, getattr(self.tally, result) + 1)
         self._event(
             {
                 "event": "finished",
