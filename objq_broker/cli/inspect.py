@@ -138,7 +138,8 @@ def cmd_status(ctx: Context) -> int:
 
 def cmd_jobs_list(ctx: Context) -> int:
     snap = ctx.snapshot()
-    rows = snap.state.list_jobs(ctx.args.queue, snap.read_at, ctx.args.state, ctx.args.limit)
+    found = snap.state.list_jobs(ctx.args.queue, snap.read_at, ctx.args.state, ctx.args.limit)
+    rows = [(state, snap.fill(job)) for state, job in found]
     if ctx.json:
         print_json([job_dict(job, state) for state, job in rows])
         return 0

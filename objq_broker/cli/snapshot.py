@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -48,6 +48,10 @@ class Snapshot:
     size_bytes: int
     read_at: float
     exists: bool
+    bodies: BodyCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bodies = BodyCache(self.store)  # one bodies object holds many jobs' payloads
 
     @classmethod
     def read(cls, store: ObjectStore) -> Snapshot:
@@ -65,7 +69,7 @@ class Snapshot:
         """``job`` with its payload, loaded from its bodies object if kept out of line."""
         if job.ref is None or job.body:
             return job
-        body, b64 = BodyCache(self.store).load(job.ref)
+        body, b64 = self.bodies.load(job.ref)
         return msgspec.structs.replace(job, body=body, b64=b64)
 
 

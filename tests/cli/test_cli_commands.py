@@ -49,6 +49,14 @@ def test_declare_enqueue_inspect_and_configure(objq: Objq, cli_url: str, tmp_pat
     shown = objq("jobs", "show", job_id, "--json", url=cli_url).json()
     assert (shown["payload"], shown["priority"], shown["state"]) == ("hello", -1, "ready")
 
+    # A payload over 256 bytes is kept out of the state, and still shown whole
+    large = "x" * 300 + "é"
+    big = objq("enqueue", "mail", large, "--priority", "5", "--json", url=cli_url)
+    [big_id] = big.json()["ids"]
+    assert objq("jobs", "show", big_id, "--json", url=cli_url).json()["payload"] == large
+    last = objq("jobs", "list", "mail", "--state", "ready", "--json", url=cli_url).json()[-1]
+    assert (last["id"], last["payload"]) == (big_id, large)
+
     changed = objq("config", "set", "mail", "backoff-base", "2.5", "--json", url=cli_url)
     assert changed.code == 0, changed.stderr
     assert changed.json()["config"]["backoff_base_seconds"] == 2.5
