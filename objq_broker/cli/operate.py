@@ -240,9 +240,11 @@ def cmd_worker(ctx: Context) -> int:
 
     logging.basicConfig(format="objq worker: %(message)s", level=logging.WARNING)
     a = ctx.args
-    if a.count < 1 or (a.prefetch is not None and a.prefetch < 0):
+    timeout = None if a.timeout is None else parse_duration(a.timeout)
+    if (a.prefetch is not None and a.prefetch < 0) or timeout == 0:
         raise UsageError(
-            f"worker: expected --count >= 1 and --prefetch >= 0, found {a.count} and {a.prefetch}"
+            f"worker: expected --prefetch >= 0 and --timeout > 0, found {a.prefetch} and "
+            f"{a.timeout}"
         )
     ctx.snapshot()
     queue = ctx.queue()
@@ -252,7 +254,7 @@ def cmd_worker(ctx: Context) -> int:
         a.queue,
         count=a.count,
         prefetch=a.count if a.prefetch is None else a.prefetch,
-        default_timeout=None if a.timeout is None else parse_duration(a.timeout),
+        default_timeout=timeout,
         burst=a.burst,
         json=ctx.json,
     )

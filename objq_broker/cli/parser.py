@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from objq_broker import __version__
+
+    parser.add_argument("--version", action="version", version=f"objq {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _reading_commands(commands, common)
     _writing_commands(commands, common)
@@ -72,7 +75,7 @@ def _reading_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     sub = _add(jobs, common, "list", inspect.cmd_jobs_list, "jobs of a queue, in claim order")
     sub.add_argument("queue")
     sub.add_argument("--state", choices=JOB_STATES)
-    sub.add_argument("--limit", type=int, default=100, help="at most this many (100)")
+    sub.add_argument("--limit", type=_positive, default=100, help="at most this many (100)")
     sub = _add(jobs, common, "show", inspect.cmd_jobs_show, "one job, payload included")
     sub.add_argument("id")
 
@@ -139,7 +142,7 @@ def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     sub = _add(commands, common, "worker", operate.cmd_worker, "run command jobs")
     sub.add_argument("--queue", required=True)
-    sub.add_argument("--count", type=int, default=1, help="commands run at once (1)")
+    sub.add_argument("--count", type=_positive, default=1, help="commands run at once (1)")
     sub.add_argument("--prefetch", type=int, help="jobs claimed ahead (default: --count)")
     sub.add_argument("--timeout", metavar="SECONDS", help="for jobs that set none")
     sub.add_argument("--burst", action="store_true", help="exit once the queue is empty")
