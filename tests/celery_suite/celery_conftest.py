@@ -1,0 +1,148 @@
+"""Root ``conftest.py`` for Celery's integration suite, run against the objq kombu transport.
+
+Copied next to the unpacked ``t/`` by ``celery_upstream.py``; edit it here. Celery's own
+``t/integration/conftest.py`` does the rest (app, in-process worker, ``TEST_BROKER``).
+
+``DESELECT`` lists every test of ``test_tasks.py`` that does not run, each with its reason.
+With ``$OBJQ_SUITE_REPORT`` set, a JSON summary of the run is written there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import celery
+import pytest
+
+import objq_broker.kombu  # noqa: F401  (registers the objq+... broker URLs with kombu)
+
+REPORT_ENV = "OBJQ_SUITE_REPORT"
+
+#: Fails identically on Celery's own Redis transport on this machine (checked with
+#: ``celery_upstream.py --broker-url redis://...``): not something objq can pass or fail.
+_FAILS_ON_REDIS_TOO = "fails the same way on Celery's Redis transport here"
+
+#: test class::test name -> why it does not run on objq. A broker-generic test that fails on
+#: objq is a failure to fix, not an entry here.
+DESELECT: dict[str, str] = {
+    "test_tasks::test_revoked_by_headers_complex_canvas": (
+        f"{_FAILS_ON_REDIS_TOO}: its own 20 s timeout is shorter than the 22 canvases of 2-4 s "
+        "sleeping tasks take with the suite's one-process worker (~120 s here)"
+    ),
+    "test_trace_log_arguments::test_task_success": (
+        f"{_FAILS_ON_REDIS_TOO}: caplog holds none of the worker's INFO records"
+    ),
+    "test_trace_log_arguments::test_task_failed": (
+        f"{_FAILS_ON_REDIS_TOO}: caplog holds none of the worker's INFO records"
+    ),
+    "test_tasks::test_expired": (
+        "the objq transport drops a message whose AMQP 'expiration' (which Celery sets from "
+        "'expires') has passed, as RabbitMQ does, so the worker never sees it and never stores "
+        "REVOKED; the test then waits forever in result.get() without a timeout. Celery's "
+        "Redis transport ignores 'expiration' and passes it"
+    ),
+}
+
+
+#: test class::test name -> the objq transport defect it shows. These run as strict xfails: the
+#: run stays green while the defect is known, and turns red the day the test passes.
+EXPECTED_FAILURES: dict[str, str] = {
+    "test_tasks::test_revoked_by_headers_simple_canvas": (
+        "the revoke_by_stamped_headers broadcast (to the worker's pidbox queue) is published "
+        "just before the task (to the celery queue), but the worker runs the task before it "
+        "handles the broadcast: messages of different queues are not handed out in publish "
+        "order (passes on Celery's Redis transport)"
+    ),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept, dropped, matched = [], [], set()
+    for item in items:
+        owner = item.cls.__name__ if item.cls is not None else item.path.name
+        key = f"{owner}::{getattr(item, 'originalname', item.name)}"
+        if key in EXPECTED_FAILURES:
+            item.add_marker(pytest.mark.xfail(reason=EXPECTED_FAILURES[key], strict=True))
+            matched.add(key)
+        if key in DESELECT:
+            dropped.append(item)
+            matched.add(key)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+    config.stash[_unmatched_key] = sorted((set(DESELECT) | set(EXPECTED_FAILURES)) - matched)
+
+
+_unmatched_key = pytest.StashKey[list[str]]()
+
+
+class _Report:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.counts: Counter[str] = Counter()
+        self.failures: list[dict[str, str]] = []
+        self.skips: list[str] = []
+        self.seconds: Counter[str] = Counter()
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        self.counts["deselected"] += len(items)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] += report.duration
+        if hasattr(report, "wasxfail"):
+            self.counts["xfailed" if report.skipped else "xpassed"] += 1
+        elif report.failed:
+            outcome = "failed" if report.when == "call" else "error"
+            self.counts[outcome] += 1
+            self.failures.append(
+                {"nodeid": report.nodeid, "outcome": outcome, "message": _crash(report)}
+            )
+        elif report.skipped:
+            self.counts["skipped"] += 1
+            self.skips.append(f"{report.nodeid}: {_crash(report)}")
+        elif report.when == "call":
+            self.counts["passed"] += 1
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.path.write_text(
+            json.dumps(
+                {
+                    "celery": celery.__version__,
+                    "exitstatus": int(exitstatus),
+                    "counts": dict(self.counts),
+                    "failures": self.failures,
+                    "skips": self.skips,
+                    "unmatched_deselects": session.config.stash.get(_unmatched_key, []),
+                    "deselect_reasons": DESELECT,
+                    "expected_failures": EXPECTED_FAILURES,
+                    "slowest": [
+                        {"nodeid": n, "seconds": round(s, 2)}
+                        for n, s in self.seconds.most_common(15)
+                    ],
+                },
+                indent=2,
+            )
+        )
+
+
+def _crash(report: pytest.TestReport) -> str:
+    longrepr: Any = report.longrepr
+    if isinstance(longrepr, tuple):  # a skip: (path, line, reason)
+        return str(longrepr[2])
+    crash: Any = getattr(longrepr, "reprcrash", None)
+    if crash is not None:
+        first = crash.message.splitlines()[0] if crash.message else ""
+        return f"{first} ({Path(crash.path).name}:{crash.lineno})"
+    return str(longrepr).strip().splitlines()[-1] if longrepr else ""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = os.environ.get(REPORT_ENV)
+    if path:
+        config.pluginmanager.register(_Report(Path(path)), "objq-suite-report")
