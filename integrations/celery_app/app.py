@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
-import objq_broker.kombu  # noqa: F401  (registers the objq+... broker URLs with kombu)
 from celery import Celery
+
+import objq_broker.kombu  # noqa: F401  (registers the objq+... broker URLs with kombu)
 
 #: Where the broker keeps its state when ``CELERY_BROKER_URL`` is not set.
 DEFAULT_BROKER_URL = "objq+file:///var/lib/objq"
