@@ -17,7 +17,12 @@ For each broker, on a fresh, empty queue:
    process notes when it started and finished its first and last task and how many it ran, and
    writes that down at shutdown; drain rate = tasks run / (last finish - first start), so the
    worker's boot time is not counted. The worker is stopped (SIGTERM) once the broker reports
-   the queue empty with nothing unacknowledged.
+   the queue empty with nothing unacknowledged. For objq the table also gives the state commits
+   made during the drain (the state's version counter) per 1,000 tasks.
+
+Two extra rows repeat all of it with ``--prefetch-multiplier`` = ``--large-prefetch`` (64) for
+both brokers: Celery's default window (concurrency x 4 = 8 messages) bounds how many messages
+one objq claim commit can hand out.
 
     python benchmarks/celery_throughput.py                      # 10,000 messages
     python benchmarks/celery_throughput.py --messages 1000      # smoke run
@@ -121,6 +126,8 @@ class Broker:
     url: str
     pending: Callable[[], int]  # messages waiting or unacknowledged in QUEUE
     transport_options: dict[str, Any]
+    prefetch: int | None = None  # Celery's --prefetch-multiplier for this row (None: default)
+    commits: Callable[[], int] | None = None  # objq: the state's commit count so far
 
 
 def objq_pending(store_url: str) -> Callable[[], int]:
@@ -132,6 +139,15 @@ def objq_pending(store_url: str) -> Callable[[], int]:
             return stats.ready + stats.delayed + stats.in_flight
 
     return pending
+
+
+def objq_commits(store_url: str) -> Callable[[], int]:
+    def commits() -> int:
+        with Queue(store_url) as queue:
+            version: int = queue.submit(lambda state, now: state.doc.version, latest=True).result()
+            return version
+
+    return commits
 
 
 def redis_pending(port: int) -> Callable[[], int]:
@@ -158,6 +174,8 @@ class Result:
     threaded_seconds: float
     drained: int
     drain_seconds: float
+    drain_commits: int | None
+    prefetch: int
 
     @property
     def send_rate(self) -> float:
@@ -247,7 +265,10 @@ def measure(broker: Broker, messages: int, threaded: int, args: argparse.Namespa
         purge(producer_app, THREADED_QUEUE)
     finally:
         producer_app.close()
-    drained, drain_seconds = drain(broker, args.concurrency, args.prefetch_multiplier, args.logs)
+    prefetch = broker.prefetch or args.prefetch_multiplier
+    before = broker.commits() if broker.commits else None
+    drained, drain_seconds = drain(broker, args.concurrency, prefetch, args.logs)
+    commits = broker.commits() - before if broker.commits and before is not None else None
     if drained < messages:
         sys.exit(f"{broker.label}: {drained} of {messages} tasks ran")
     print(
@@ -256,7 +277,9 @@ def measure(broker: Broker, messages: int, threaded: int, args: argparse.Namespa
         flush=True,
     )
     return Result(
-        broker.label, messages, send_seconds, threaded, threaded_seconds, drained, drain_seconds
+        broker.label,
+        *(messages, send_seconds, threaded, threaded_seconds, drained, drain_seconds, commits),
+        prefetch,
     )
 
 
@@ -264,17 +287,20 @@ def measure(broker: Broker, messages: int, threaded: int, args: argparse.Namespa
 
 
 def table(results: list[Result]) -> str:
-    anchor = next(r for r in results if r.label == "redis")
     lines = [
         "| broker | apply_async 1 thread (msg/s) | vs redis | apply_async 8 threads (msg/s) "
-        "| vs redis | drain (msg/s) | vs redis |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| vs redis | drain (msg/s) | vs redis | commits/1k drained |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
+        # The anchor is the Redis row with the same prefetch.
+        same = [a for a in results if a.prefetch == r.prefetch]
+        anchor = next(a for a in same if a.label.startswith("redis"))
+        per_1k = "" if r.drain_commits is None else f"{r.drain_commits * 1000 / r.drained:,.0f}"
         lines.append(
             f"| {r.label} | {r.send_rate:,.0f} | {r.send_rate / anchor.send_rate:.2f} "
             f"| {r.threaded_rate:,.0f} | {r.threaded_rate / anchor.threaded_rate:.2f} "
-            f"| {r.drain_rate:,.0f} | {r.drain_rate / anchor.drain_rate:.2f} |"
+            f"| {r.drain_rate:,.0f} | {r.drain_rate / anchor.drain_rate:.2f} | {per_1k} |"
         )
     return "\n".join(lines)
 
@@ -295,6 +321,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2, help="prefork pool processes")
     parser.add_argument("--prefetch-multiplier", type=int, default=4, help="Celery's default: 4")
     parser.add_argument("--visibility-timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--large-prefetch",
+        type=int,
+        default=64,
+        help="extra rows with this --prefetch-multiplier (0: none)",
+    )
     args = parser.parse_args()
     print(environment(), flush=True)
     sys.path.insert(0, str(ROOT / "tests"))
@@ -305,10 +337,19 @@ def main() -> None:
     options = {"visibility_timeout": args.visibility_timeout}
     try:
         store = (scratch / "store").as_uri()
+        big = args.large_prefetch
         brokers = [
-            Broker("objq file://", f"objq+{store}", objq_pending(store), options),
+            Broker("objq file://", f"objq+{store}", objq_pending(store), options,
+                   commits=objq_commits(store)),
             Broker("redis", server.url, redis_pending(server.port), options),
-        ]
+        ]  # fmt: skip
+        if big:
+            brokers += [
+                Broker(f"objq file:// prefetch x{big}", f"objq+{store}", objq_pending(store),
+                       options, prefetch=big, commits=objq_commits(store)),
+                Broker(f"redis prefetch x{big}", server.url, redis_pending(server.port), options,
+                       prefetch=big),
+            ]  # fmt: skip
         args.logs = scratch
         results = [measure(b, args.messages, args.threaded_messages, args) for b in brokers]
     finally:
