@@ -50,6 +50,7 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.signals import task_postrun, task_prerun, worker_process_shutdown
+from provenance import objq_revision
 
 import objq_broker.kombu  # noqa: F401  (registers the objq+... broker URLs)
 from objq_broker import Queue
@@ -310,7 +311,8 @@ def environment() -> str:
     return (
         f"{platform.system()} {platform.release()} {platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}, celery {version('celery')}, "
-        f"kombu {version('kombu')}, redis-py {version('redis')}, load average at start {load}"
+        f"kombu {version('kombu')}, redis-py {version('redis')}, load average at start {load}, "
+        f"objq {objq_revision(ROOT) or 'outside a checkout'}"
     )
 
 
