@@ -39,6 +39,11 @@ DESELECT: dict[str, str] = {
     "test_trace_log_arguments::test_task_failed": (
         f"{_FAILS_ON_REDIS_TOO}: caplog holds none of the worker's INFO records"
     ),
+    "test_tasks::test_multiprocess_producer": (
+        "Celery skips it itself ('Broken test') from 5.5 on; under Celery 5.4, which runs it, "
+        "it hung on objq (the test waits in multiprocessing Pool.map for 20 forked producers "
+        "that never return, though a plain fork-and-publish works on objq)"
+    ),
     "test_tasks::test_expired": (
         "the objq transport drops a message whose AMQP 'expiration' (which Celery sets from "
         "'expires') has passed, as RabbitMQ does, so the worker never sees it and never stores "
