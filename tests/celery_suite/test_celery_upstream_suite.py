@@ -45,5 +45,7 @@ def test_celery_task_suite_passes_on_objq(
     # Then every test ran and passed; the only ones left out are listed with their reasons
     assert run.report, f"the suite wrote no report:\n{run.output[-5000:]}"
     assert not run.report["unmatched_deselects"], run.summary()
-    assert run.report["counts"].get("passed", 0) >= 50, run.summary()
+    # A floor that catches a run that silently collected little (Celery 5.4's module has 32
+    # tests, 5.7's 63).
+    assert run.report["counts"].get("passed", 0) >= 20, run.summary()
     assert run.ok, f"{run.summary()}\n\n{run.output[-20000:]}"
