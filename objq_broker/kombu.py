@@ -34,6 +34,7 @@ Mapping onto objq (see ``docs/celery.md``):
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -58,6 +59,41 @@ from objq_broker.kombu_options import TransportSettings
 from objq_broker.queue import Delivery, Queue
 
 log = logging.getLogger("objq_broker.kombu")
+
+
+class _SharedQueues:
+    """One :class:`Queue` per process and store for all connections: Celery opens a pool of
+    connections (one per publishing thread), and connections that share one engine share its
+    commits instead of racing each other's compare-and-set writes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queues: dict[tuple[int, str, str], tuple[Queue, int]] = {}
+
+    def acquire(self, url: str, options: dict[str, Any]) -> Queue:
+        # The pid: a forked child (Celery's prefork pool) must not use its parent's engine,
+        # whose writer thread did not survive the fork.
+        key = (os.getpid(), url, repr(sorted(options.items())))
+        with self._lock:
+            queue, users = self._queues.get(key, (None, 0))
+            if queue is None or queue.engine.closed:
+                queue, users = Queue(url, **options), 0
+            self._queues[key] = (queue, users + 1)
+            return queue
+
+    def release(self, queue: Queue) -> None:
+        with self._lock:
+            for key, (held, users) in list(self._queues.items()):
+                if held is queue:
+                    if users > 1:
+                        self._queues[key] = (held, users - 1)
+                        return
+                    del self._queues[key]
+                    break
+        queue.close()
+
+
+_shared_queues = _SharedQueues()
 
 TRANSPORT_ALIASES.setdefault("objq", "objq_broker.kombu:Transport")
 
@@ -113,7 +149,7 @@ class Transport(virtual.Transport):
     def open_queue(self) -> Queue:
         with self._lock:
             if self.queue is None or self.queue.engine.closed:
-                self.queue = Queue(self.settings.url, **self.settings.queue_options)
+                self.queue = _shared_queues.acquire(self.settings.url, self.settings.queue_options)
                 self._exchanges = ExchangeTable(
                     self.queue.store, ttl_seconds=self.settings.bindings_ttl
                 )
@@ -160,7 +196,7 @@ class Transport(virtual.Transport):
         with self._lock:
             client, self.queue = self.queue, None
         if client is not None:
-            client.close()
+            _shared_queues.release(client)
 
     # --- heartbeat -------------------------------------------------------------------------
 
@@ -190,8 +226,14 @@ class Transport(virtual.Transport):
             except Exception as exc:  # keep beating: the next one may reach the storage
                 log.warning("heartbeat of %d held messages failed: %s", len(held), exc)
                 continue
+            lost = [d for d, ok in zip(held, alive or [], strict=False) if not ok]
             still = {d.token for d in self.held()}
-            lost = [d.id for d, ok in zip(held, alive or [], strict=False) if not ok]
-            lost = [d.id for d in held if d.token in still and d.id in lost]
+            lost = [d for d in lost if d.token in still]  # not settled in the meantime
             if lost:
-                log.warning("leases lost (expired before a heartbeat): %s", lost[:20])
+                # Forget them, so they are reported once; their late acks would be refused.
+                tokens = {d.token for d in lost}
+                for channel in list(self.channels) + list(self._avail_channels):
+                    channel.drop(tokens)
+                log.warning(
+                    "leases lost (expired before a heartbeat): %s", [d.id for d in lost][:20]
+                )

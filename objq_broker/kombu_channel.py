@@ -5,11 +5,14 @@ unacked messages are leases in the state (see :mod:`objq_broker.kombu`)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from queue import Empty
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +30,10 @@ log = logging.getLogger("objq_broker.kombu")
 
 #: Why a message rejected without requeue is dead-lettered (kept with the dead letter).
 REJECTED = "rejected by the consumer (requeue=False)"
+#: Claimed messages that wait this long for the prefetch window to open are given back.
+HOARD_SECONDS = 1.0
+
+_Raw = tuple[dict[str, Any], str]  # (kombu message, queue)
 
 
 class LeaseQoS(virtual.QoS):
@@ -64,6 +71,13 @@ class Channel(virtual.Channel):
         self._no_ack_queues: set[str] = set()
         self._auto_delete: set[str] = set()
         self._turn = 0
+        # Messages claimed ahead of the prefetch window (leases, heartbeated like the rest),
+        # and a claim submitted while they are handed out, so it commits with their acks.
+        self._cache: collections.deque[_Raw] = collections.deque()
+        self._ahead: Future[list[Delivery]] | None = None
+        self._ahead_size = 0
+        self._window = 0  # how many to claim at once; starts at the prefetch window
+        self._taken_at = 0.0  # when a cached message was last delivered (or the cache filled)
 
     @property
     def client(self) -> Queue:
@@ -226,6 +240,10 @@ class Channel(virtual.Channel):
         return message
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
+        for index, (raw, name) in enumerate(self._cache):
+            if name == queue:
+                del self._cache[index]
+                return raw
         got = self._claim([queue], 1, no_ack=set())
         if not got:
             raise Empty()
@@ -235,7 +253,11 @@ class Channel(virtual.Channel):
         """Claim a batch (up to what the prefetch limit allows) from the consumed queues in
         one commit, and deliver each message."""
         callback = callback or self.connection._deliver
-        if not self._consumers or not self.qos.can_consume():
+        if not self._consumers:
+            raise Empty()
+        if not self.qos.can_consume():
+            if self._cache and time.monotonic() - self._taken_at >= HOARD_SECONDS:
+                self._give_back_cache()
             raise Empty()
         self._get_many(self._active_queues, timeout, callback)
 
@@ -247,7 +269,11 @@ class Channel(virtual.Channel):
         self._turn = (self._turn + 1) % len(names)
         names = names[self._turn :] + names[: self._turn]  # fair: each queue leads in turn
         budget = self.qos.can_consume_max_estimate() or self.settings.batch_size
-        got = self._claim(names, min(budget, self.settings.batch_size), self._no_ack_queues)
+        if self._no_ack_queues.intersection(names):
+            # Messages of a no-ack queue are settled when claimed: never claim them ahead.
+            got = self._claim(names, min(budget, self.settings.batch_size), self._no_ack_queues)
+        else:
+            got = self._take_ahead(names, budget)
         if not got:
             raise Empty()
         for index, (raw, queue) in enumerate(got):
@@ -258,14 +284,71 @@ class Channel(virtual.Channel):
                 self._release_tags([r["properties"]["delivery_tag"] for r, _ in got[index + 1 :]])
                 raise
 
-    def _claim(
-        self, queues: list[str], n: int, no_ack: set[str]
-    ) -> list[tuple[dict[str, Any], str]]:
-        """Lease up to ``n`` messages; returns (raw kombu message, queue) pairs."""
-        client = self.client
+    def _take_ahead(self, names: list[str], budget: int) -> list[_Raw]:
+        """Up to ``budget`` messages (what the prefetch window allows now), from messages
+        claimed ahead. Claims are as large as the window (Celery's prefetch) to start with,
+        and double while a full batch is gone before the next one commits (a backlog of short
+        tasks), so one commit carries many messages and their acks; messages that wait over a
+        second for the window to open are given back for other workers."""
+        if not self._window:
+            self._window = min(max(budget, 1), self.settings.batch_size)
+        self._harvest(0.0)
+        if not self._cache:
+            self._submit_ahead(names)
+            self._harvest(None)  # nothing to hand out: wait for the claim
+        got = [self._cache.popleft() for _ in range(min(budget, len(self._cache)))]
+        if got:
+            self._taken_at = time.monotonic()
+        if self._cache and len(self._cache) < self._window // 2:
+            # Messages left over mean a backlog: claim the next batch now, so it commits
+            # together with the acks of these.
+            self._submit_ahead(names)
+        return got
+
+    def _submit_ahead(self, names: list[str]) -> None:
+        if self._ahead is None:
+            self._ahead_size = self._window
+            lease = self.settings.visibility_timeout
+            self._ahead = self.client.submit_claim_many(names, self._window, lease=lease)
+
+    def _harvest(self, timeout: float | None) -> None:
+        """Cache the claim submitted ahead once it has committed."""
+        ahead = self._ahead
+        if ahead is None:
+            return
+        try:
+            found = ahead.result(timeout)
+        except FutureTimeout:
+            return
+        finally:
+            if ahead.done():
+                self._ahead = None
+        starved = not self._cache
+        got = self._accept(found, no_ack=set())
+        if starved and len(found) >= self._ahead_size:
+            self._window = min(self._window * 2, self.settings.batch_size)
+        if starved:
+            self._taken_at = time.monotonic()
+        self._cache.extend(got)
+
+    def _give_back_cache(self) -> None:
+        """The prefetch window stayed shut: release what was claimed ahead of it."""
+        cached = list(self._cache)
+        self._cache.clear()
+        self._window = min(max(self.qos.prefetch_count or 1, 1), self.settings.batch_size)
+        self._taken_at = time.monotonic()
+        self._release_tags([raw["properties"]["delivery_tag"] for raw, _ in cached])
+
+    def _claim(self, queues: list[str], n: int, no_ack: set[str]) -> list[_Raw]:
+        """Lease up to ``n`` messages now; returns (raw kombu message, queue) pairs."""
         lease = self.settings.visibility_timeout
-        found = client.submit_claim_many(queues, max(n, 1), lease=lease).result()
-        got: list[tuple[dict[str, Any], str]] = []
+        found = self.client.submit_claim_many(queues, max(n, 1), lease=lease).result()
+        return self._accept(found, no_ack)
+
+    def _accept(self, found: list[Delivery], no_ack: set[str]) -> list[_Raw]:
+        """Turn claimed deliveries into kombu messages held by this channel."""
+        client = self.client
+        got: list[_Raw] = []
         now = time.time()
         for delivery in client.fill_deliveries(found):
             raw = loads(delivery.payload)
@@ -306,6 +389,15 @@ class Channel(virtual.Channel):
         else:
             client.nack(delivery, retry=False, error=REJECTED, wait=False)
 
+    def drop(self, tokens: set[str]) -> None:
+        """Stop holding deliveries whose leases were lost (another consumer may have them)."""
+        with self._held_lock:
+            for token in tokens:
+                self._held.pop(token, None)
+        kept = [e for e in self._cache if e[0]["properties"]["delivery_tag"] not in tokens]
+        if len(kept) != len(self._cache):
+            self._cache = collections.deque(kept)
+
     def _release_tags(self, tags: list[str]) -> None:
         with self._held_lock:
             found = [self._held.pop(tag) for tag in tags if tag in self._held]
@@ -314,6 +406,11 @@ class Channel(virtual.Channel):
 
     def release_held(self) -> None:
         """Give back every message this channel holds, unprocessed (no attempt counted)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            with contextlib.suppress(Exception):  # a failed claim holds nothing
+                self._accept(ahead.result(self.client.engine.commit_deadline_seconds), set())
+        self._cache.clear()
         with self._held_lock:
             found = list(self._held.values())
             self._held.clear()

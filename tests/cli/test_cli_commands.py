@@ -206,11 +206,19 @@ def test_status_watch_refreshes_until_interrupted(file_url: str) -> None:
         stdout=subprocess.PIPE,
         text=True,
         env=environment(file_url),
+        # A shell runs background jobs with Ctrl-C ignored, and a child inherits that: give
+        # this one the terminal's default, as a user's own `objq status --watch` has.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
     )
     assert process.stdout is not None
-    first, second = process.stdout.readline(), process.stdout.readline()
-    process.send_signal(signal.SIGINT)
-    process.communicate(timeout=10)
+    try:
+        first, second = process.stdout.readline(), process.stdout.readline()
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
     assert process.returncode == 0
     assert json.loads(first)["queues"][0]["queue"] == "w"
     assert json.loads(second)["read_at"] > json.loads(first)["read_at"]
