@@ -45,10 +45,12 @@ class LeaseQoS(virtual.QoS):
     def ack(self, delivery_tag: str) -> None:
         self.channel.settle(delivery_tag, "ack")
         super().ack(delivery_tag)
+        self.channel.window_opened()
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         self.channel.settle(delivery_tag, "requeue" if requeue else "dead")
         self._quick_ack(delivery_tag)  # not the base class's: it would publish a copy
+        self.channel.window_opened()
 
     def restore_unacked(self) -> list[tuple[BaseException, Any]]:
         self._flush()
@@ -78,6 +80,7 @@ class Channel(virtual.Channel):
         self._ahead_size = 0
         self._window = 0  # how many to claim at once; starts at the prefetch window
         self._taken_at = 0.0  # when a cached message was last delivered (or the cache filled)
+        self._settled = threading.Condition()  # notified when a message is acked or rejected
 
     @property
     def client(self) -> Queue:
@@ -258,7 +261,12 @@ class Channel(virtual.Channel):
         if not self.qos.can_consume():
             if self._cache and time.monotonic() - self._taken_at >= HOARD_SECONDS:
                 self._give_back_cache()
-            raise Empty()
+            # kombu sleeps a whole polling interval after Empty; the prefetch window usually
+            # opens within milliseconds (a task finished), so wait for that here instead.
+            with self._settled:
+                self._settled.wait_for(self.qos.can_consume, self.settings.polling_interval)
+            if not self.qos.can_consume():
+                raise Empty()
         self._get_many(self._active_queues, timeout, callback)
 
     def _get_many(self, queues: list[str], timeout: float | None = None, callback: Any = None):  # type: ignore[no-untyped-def]
@@ -388,6 +396,10 @@ class Channel(virtual.Channel):
             client.nack(delivery, retry=True, delay=0, error="requeued", wait=False)
         else:
             client.nack(delivery, retry=False, error=REJECTED, wait=False)
+
+    def window_opened(self) -> None:
+        with self._settled:
+            self._settled.notify_all()
 
     def drop(self, tokens: set[str]) -> None:
         """Stop holding deliveries whose leases were lost (another consumer may have them)."""
