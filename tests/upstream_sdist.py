@@ -15,7 +15,9 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Cached sdists and unpacked suites live under here, one folder per project.
@@ -84,3 +86,46 @@ def write_if_changed(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
     os.replace(staged, path)
+
+
+#: Outcomes a suite report counts, in the order a summary lists them.
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "deselected")
+
+
+@dataclass
+class SuiteRun:
+    """One run of an upstream suite: its pytest exit code, and the JSON report our conftest in
+    the suite's folder wrote (counts, failures, skips, unmatched deselect entries, slowest)."""
+
+    title: str  # what ran on what, e.g. "celery 5.7.0 t/integration/test_tasks.py on objq+file"
+    returncode: int
+    seconds: float
+    report: dict[str, Any]
+    output: str
+    command: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        counts = self.report.get("counts", {})
+        return self.returncode == 0 and not counts.get("failed") and not counts.get("error")
+
+    def summary(self, slowest: int = 5) -> str:
+        counts = self.report.get("counts", {})
+        lines = [
+            f"{self.title}: "
+            + ", ".join(f"{counts.get(k, 0)} {k}" for k in OUTCOMES)
+            + f" in {self.seconds:.1f} s (pytest exit {self.returncode})"
+        ]
+        for stale in self.report.get("unmatched_deselects", []):
+            lines.append(f"  deselect entry matched no test: {stale}")
+        for failure in self.report.get("failures", []):
+            outcome, nodeid = failure["outcome"].upper(), failure["nodeid"]
+            lines.append(f"  {outcome} {nodeid}: {failure['message']}")
+        for skip in self.report.get("skips", []):
+            lines.append(f"  SKIPPED {skip}")
+        ranked = self.report.get("slowest", [])[:slowest]
+        if ranked:
+            lines.append(
+                "  slowest: " + ", ".join(f"{s['nodeid']} {s['seconds']:.1f}s" for s in ranked)
+            )
+        return "\n".join(lines)

@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -157,52 +157,13 @@ def running_redis() -> Iterator[RedisServer]:
 # --- running the suite -------------------------------------------------------------------------
 
 
-_OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "deselected")
-
-
-@dataclass
-class SuiteRun:
-    broker_url: str
-    returncode: int
-    seconds: float
-    report: dict[str, Any]
-    output: str
-    command: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        counts = self.report.get("counts", {})
-        return self.returncode == 0 and not counts.get("failed") and not counts.get("error")
-
-    def summary(self) -> str:
-        counts = self.report.get("counts", {})
-        lines = [
-            f"celery {self.report.get('celery')} {MODULE} on {self.broker_url}: "
-            + ", ".join(f"{counts.get(k, 0)} {k}" for k in _OUTCOMES)
-            + f" in {self.seconds:.1f} s (pytest exit {self.returncode})"
-        ]
-        for stale in self.report.get("unmatched_deselects", []):
-            lines.append(f"  deselect entry matched no test: {stale}")
-        for failure in self.report.get("failures", []):
-            outcome, nodeid = failure["outcome"].upper(), failure["nodeid"]
-            lines.append(f"  {outcome} {nodeid}: {failure['message']}")
-        for skip in self.report.get("skips", []):
-            lines.append(f"  SKIPPED {skip}")
-        slowest = self.report.get("slowest", [])[:8]
-        if slowest:
-            lines.append(
-                "  slowest: " + ", ".join(f"{s['nodeid']} {s['seconds']:.1f}s" for s in slowest)
-            )
-        return "\n".join(lines)
-
-
 def run_suite(
     root: Path,
     broker_url: str,
     backend: RedisServer,
     report_path: Path,
     extra_args: list[str] | None = None,
-) -> SuiteRun:
+) -> upstream_sdist.SuiteRun:
     command = [
         sys.executable, "-m", "pytest", MODULE,
         "-c", str(root / "pytest.ini"), "--rootdir", str(root),
@@ -237,7 +198,8 @@ def run_suite(
     seconds = time.monotonic() - started
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     output = log_path.read_text()
-    return SuiteRun(broker_url, returncode, seconds, report, output, command)
+    title = f"celery {report.get('celery')} {MODULE} on {broker_url}"
+    return upstream_sdist.SuiteRun(title, returncode, seconds, report, output, command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,9 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 # Run as a script, this folder is on sys.path but tests/ (the shared sdist helper) is not.
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
@@ -101,47 +99,9 @@ def modules(root: Path) -> list[Path]:
     return found
 
 
-@dataclass
-class SuiteRun:
-    backend: str
-    returncode: int
-    seconds: float
-    report: dict[str, Any]
-    output: str
-    command: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        counts = self.report.get("counts", {})
-        return self.returncode == 0 and not counts.get("failed") and not counts.get("error")
-
-    def summary(self) -> str:
-        counts = self.report.get("counts", {})
-        lines = [
-            f"dramatiq {self.report.get('dramatiq')} suite on ObjqBroker[{self.backend}]: "
-            f"{len(self.report.get('modules', []))} modules, "
-            + ", ".join(f"{counts.get(k, 0)} {k}" for k in _OUTCOMES)
-            + f" in {self.seconds:.1f} s (pytest exit {self.returncode})"
-        ]
-        for stale in self.report.get("unmatched_deselects", []):
-            lines.append(f"  deselect entry matched no test: {stale}")
-        for failure in self.report.get("failures", []):
-            outcome, nodeid = failure["outcome"].upper(), failure["nodeid"]
-            lines.append(f"  {outcome} {nodeid}: {failure['message']}")
-        slowest = self.report.get("slowest", [])[:5]
-        if slowest:
-            lines.append(
-                "  slowest: " + ", ".join(f"{s['nodeid']} {s['seconds']:.1f}s" for s in slowest)
-            )
-        return "\n".join(lines)
-
-
-_OUTCOMES = ("passed", "failed", "error", "skipped", "deselected")
-
-
 def run_suite(
     root: Path, backend: str, report_path: Path, extra_args: list[str] | None = None
-) -> SuiteRun:
+) -> upstream_sdist.SuiteRun:
     command = [
         sys.executable, "-m", "pytest",
         *(str(m) for m in modules(root)),
@@ -167,7 +127,12 @@ def run_suite(
     )
     seconds = time.monotonic() - started
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    return SuiteRun(backend, done.returncode, seconds, report, done.stdout + done.stderr, command)
+    title = (
+        f"dramatiq {report.get('dramatiq')} suite on ObjqBroker[{backend}]: "
+        f"{len(report.get('modules', []))} modules"
+    )
+    output = done.stdout + done.stderr
+    return upstream_sdist.SuiteRun(title, done.returncode, seconds, report, output, command)
 
 
 def main(argv: list[str] | None = None) -> int:
