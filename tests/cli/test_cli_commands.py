@@ -218,7 +218,7 @@ def test_status_watch_refreshes_until_interrupted(file_url: str) -> None:
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait()
+            process.communicate()  # reaps it and closes its pipe
     assert process.returncode == 0
     assert json.loads(first)["queues"][0]["queue"] == "w"
     assert json.loads(second)["read_at"] > json.loads(first)["read_at"]
