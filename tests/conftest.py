@@ -56,3 +56,17 @@ def store(store_url: str) -> Iterator[ObjectStore]:
     opened = open_store(store_url)
     yield opened
     opened.close()
+
+
+#: Test folders whose tests must share one worker process when the suite runs with
+#: ``pytest -n 2 --dist loadgroup`` (the README's command): one Spark session for all Spark
+#: tests, and one download of each upstream suite's sdist.
+_SHARED_WORKER_FOLDERS = ("spark", "kombu_suite", "celery_suite", "dramatiq_suite")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_root = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(tests_root).parts
+        if parts and parts[0] in _SHARED_WORKER_FOLDERS:
+            item.add_marker(pytest.mark.xdist_group(parts[0]))
