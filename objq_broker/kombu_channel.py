@@ -177,6 +177,21 @@ class Channel(virtual.Channel):
         merged += [meta for meta in shared.bindings if meta not in merged]
         return merged
 
+    def _lookup(self, exchange: str, routing_key: str, default: Any = None) -> Any:
+        """Route with the cached bindings; when they match no queue, read them afresh first:
+        a queue bound by another process a moment ago (a reply queue of ``celery inspect``,
+        say) must not lose the message to a cache that predates its binding."""
+        if exchange and not self._routes(exchange, routing_key):
+            self.connection.exchanges.lookup(exchange, fresh=True)
+        return super()._lookup(exchange, routing_key, default)
+
+    def _routes(self, exchange: str, routing_key: str) -> list[str]:
+        try:
+            table = self.get_table(exchange)
+            return list(self.typeof(exchange).lookup(table, exchange, routing_key, None))
+        except KeyError:
+            return []
+
     def typeof(self, exchange: str, default: str = "direct") -> Any:
         if exchange not in self.state.exchanges:
             shared = self.connection.exchanges.lookup(exchange) if exchange else None

@@ -308,6 +308,22 @@ def test_direct_routing_uses_bindings_made_elsewhere(connect: Any) -> None:
     message.ack()
 
 
+def test_a_binding_made_elsewhere_a_moment_ago_routes_at_once(connect: Any) -> None:
+    # Given a sender whose cached view of the exchange predates a new binding
+    exchange = kombu.Exchange("replies", type="direct")
+    worker, sender = connect(), connect()
+    kombu.Queue("old", exchange=exchange, routing_key="old")(worker.default_channel).declare()
+    producer = kombu.Producer(sender.default_channel, exchange=exchange)
+    producer.publish({"n": 0}, routing_key="old")
+    # When another connection binds a new queue and the sender publishes to it at once
+    kombu.Queue("new", exchange=exchange, routing_key="new")(worker.default_channel).declare()
+    producer.publish({"n": 1}, routing_key="new")
+    # Then the message is routed to the new queue, not lost to the stale cache
+    message = get_soon(worker, "new")
+    assert message is not None and message.payload == {"n": 1}
+    message.ack()
+
+
 def test_consumer_drains_a_batch_per_poll(connect: Any) -> None:
     conn = connect()
     publish(conn, "work", *({"n": n} for n in range(25)))

@@ -43,4 +43,5 @@ def test_every_generic_class_is_run_or_listed() -> None:
     generic = {name for name in generic if isinstance(getattr(common, name), type)}
     run = {base.__name__ for cls in list(globals().values()) if isinstance(cls, type)
            for base in cls.__mro__[1:] if base.__module__ == common.__name__}  # fmt: skip
-    assert generic - run == set(LEFT_OUT_CLASSES), (generic, run)
+    # (an older kombu may lack a listed class: only the classes it has must be accounted for)
+    assert generic - run == set(LEFT_OUT_CLASSES) & generic, (generic, run)
