@@ -332,7 +332,7 @@ def main() -> None:
     args = parser.parse_args()
     print(environment(), flush=True)
     sys.path.insert(0, str(ROOT / "tests"))
-    from celery_suite.celery_upstream import start_redis as start
+    from servers import start_redis as start
 
     server = start()
     scratch = Path(tempfile.mkdtemp(prefix="celery-bench-"))

@@ -45,7 +45,6 @@ import logging
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,12 +60,15 @@ from pathlib import Path
 from typing import Any
 
 import dramatiq
-import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
 from provenance import objq_revision
 
 from objq_broker.dramatiq import ObjqBroker
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # server helpers
+import servers
+from servers import RedisServer
 
 QUEUE = "bench"
 ACTOR = "noop"
@@ -97,7 +99,7 @@ SINGLE_THREAD_CAP: dict[str, int] = {
     "redis AOF fsync=always": 5_000,
 }
 
-REDIS_DEFAULT = ("--save", "", "--appendonly", "no")
+REDIS_DEFAULT = servers.REDIS_IN_MEMORY
 REDIS_FSYNC_ALWAYS = ("--save", "", "--appendonly", "yes", "--appendfsync", "always")
 
 
@@ -141,58 +143,11 @@ def declare_actor(broker: dramatiq.Broker) -> dramatiq.Actor[Any, Any]:
 # --- redis-server --------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class RedisServer:
-    port: int
-    process: subprocess.Popen[bytes]
-    workdir: str
-
-    def flush(self) -> None:
-        client = redis.Redis(host="127.0.0.1", port=self.port)
-        try:
-            client.flushall()
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-
 def start_redis(settings: tuple[str, ...]) -> RedisServer:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        sys.exit("redis-server not found: apt-get install -y redis-server")
-    port = free_port()
-    workdir = tempfile.mkdtemp(prefix="dramatiq-bench-redis-")
-    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir, *settings]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = RedisServer(port, process, workdir)
-    client = redis.Redis(host="127.0.0.1", port=port)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return server
-            except redis.ConnectionError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    server.stop()
-                    sys.exit(f"redis-server did not start: {' '.join(command)}")
-                time.sleep(0.05)
-    finally:
-        client.close()
+        return servers.start_redis(settings)
+    except RuntimeError as exc:
+        sys.exit(str(exc))
 
 
 # --- brokers -------------------------------------------------------------------------------

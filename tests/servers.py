@@ -1,4 +1,4 @@
-"""Real object-storage peers on 127.0.0.1: moto's S3 server and fake-gcs-server.
+"""Real peers on 127.0.0.1: moto's S3 server, fake-gcs-server, and redis-server.
 
 Plain functions start and stop them (the benchmarks reuse these); the pytest fixtures below
 wrap them. A peer that cannot start fails the tests that need it: it is never skipped, so a
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -212,6 +213,77 @@ def _wait_until_answering(
             last = str(exc)
         time.sleep(0.05)
     raise RuntimeError(f"{what} at {url} did not answer in {STARTUP_TIMEOUT_SECONDS:.0f} s: {last}")
+
+
+# --- redis-server (Celery's result backend in its own suite; the anchor of the benchmarks) -------
+
+#: redis-server without persistence: an acknowledged write lives only in memory.
+REDIS_IN_MEMORY = ("--save", "", "--appendonly", "no")
+
+
+@dataclass
+class RedisServer:
+    """A redis-server process on 127.0.0.1 and its scratch folder."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+    workdir: Path
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def flush(self) -> None:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.port)
+        try:
+            client.flushall()
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_redis(
+    settings: tuple[str, ...] = REDIS_IN_MEMORY, startup_seconds: float = STARTUP_TIMEOUT_SECONDS
+) -> RedisServer:
+    """Start ``redis-server`` on a free port; RuntimeError if it is missing or does not answer."""
+    import redis
+
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    if not Path(binary).exists():
+        raise RuntimeError(
+            "redis-server: expected on PATH or at /usr/bin/redis-server, not found "
+            "(apt-get install -y redis-server)"
+        )
+    workdir = Path(tempfile.mkdtemp(prefix="objq-redis-"))
+    port = free_port()
+    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir), *settings]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = RedisServer(port, process, workdir)
+    client = redis.Redis(host="127.0.0.1", port=port)
+    deadline = time.monotonic() + startup_seconds
+    try:
+        while True:
+            try:
+                client.ping()
+                return server
+            except redis.ConnectionError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    server.stop()
+                    raise RuntimeError(f"redis-server did not answer: {command}") from None
+                time.sleep(0.05)
+    finally:
+        client.close()
 
 
 # --- pytest fixtures ---------------------------------------------------------------------------

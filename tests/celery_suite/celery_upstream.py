@@ -23,21 +23,19 @@ import argparse
 import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 # Run as a script, this folder is on sys.path but tests/ (the shared helpers) is not.
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import upstream_sdist
-from servers import free_port
+from servers import RedisServer, start_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -89,60 +87,6 @@ def prepare_suite() -> Path:
 
 
 # --- the result backend ------------------------------------------------------------------------
-
-
-@dataclass
-class RedisServer:
-    """A redis-server process on 127.0.0.1 without persistence."""
-
-    port: int
-    process: subprocess.Popen[bytes]
-    workdir: Path
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def start_redis(startup_seconds: float = 10.0) -> RedisServer:
-    """Start ``redis-server`` on a free port; raise RuntimeError if it does not answer."""
-    import redis
-
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    if not Path(binary).exists():
-        raise RuntimeError("redis-server: expected on PATH or at /usr/bin/redis-server, not found")
-    workdir = Path(tempfile.mkdtemp(prefix="objq-redis-"))
-    port = free_port()
-    command = [
-        binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
-        "--save", "", "--appendonly", "no",
-    ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = RedisServer(port, process, workdir)
-    client = redis.Redis(host="127.0.0.1", port=port)
-    deadline = time.monotonic() + startup_seconds
-    try:
-        while True:
-            try:
-                client.ping()
-                return server
-            except redis.ConnectionError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    server.stop()
-                    raise RuntimeError(f"redis-server did not answer: {command}") from None
-                time.sleep(0.05)
-    finally:
-        client.close()
 
 
 @contextmanager

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from celery_upstream import RUN_TIMEOUT_SECONDS, RedisServer, prepare_suite, run_suite, start_redis
+from celery_upstream import RUN_TIMEOUT_SECONDS, prepare_suite, run_suite
+from servers import RedisServer, start_redis
 
 
 @pytest.fixture(scope="module")
