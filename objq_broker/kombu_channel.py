@@ -181,7 +181,10 @@ class Channel(virtual.Channel):
         """Route with the cached bindings; when they match no queue, read them afresh first:
         a queue bound by another process a moment ago (a reply queue of ``celery inspect``,
         say) must not lose the message to a cache that predates its binding."""
-        if exchange and not self._routes(exchange, routing_key):
+        if exchange:
+            routes = self._routes(exchange, routing_key)
+            if routes:
+                return routes  # routed: the usual case costs one lookup, not two
             self.connection.exchanges.lookup(exchange, fresh=True)
         return super()._lookup(exchange, routing_key, default)
 
