@@ -1,0 +1,61 @@
+"""How a commit's cost grows with the backlog: the state is rewritten whole on every commit.
+
+Fills a ``file://`` queue to 1,000, 10,000 and 20,000 Dramatiq-sized messages (237 bytes, so
+they stay inside the state) and times small commits on it: a claim of 10 and the ack of those
+10, 20 times, reported as milliseconds per commit alongside the state object's size.
+
+    python benchmarks/commit_cost.py
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from objq_broker import Queue
+
+DEPTHS = (1_000, 10_000, 20_000)
+ROUNDS = 20
+
+
+def message() -> bytes:
+    return json.dumps(
+        {
+            "queue_name": "default",
+            "actor_name": "noop",
+            "args": [1],
+            "kwargs": {},
+            "options": {"redis_message_id": str(uuid.uuid4())},
+            "message_id": str(uuid.uuid4()),
+            "message_timestamp": int(time.time() * 1000),
+        }
+    ).encode()
+
+
+def main() -> None:
+    folder = Path(tempfile.mkdtemp(prefix="objq-commit-cost-"))
+    body = message()
+    print(f"payload {len(body)} bytes, store file://{folder}")
+    print("| jobs queued | state MB | ms per commit |\n|---:|---:|---:|")
+    with Queue(folder.as_uri()) as queue:
+        queue.declare("default")
+        queued = 0
+        for depth in DEPTHS:
+            queue.enqueue_many("default", [body] * (depth - queued))
+            queued = depth
+            size = (folder / "state.json").stat().st_size
+            started = time.perf_counter()
+            for _ in range(ROUNDS):
+                for delivery in queue.claim("default", 10):  # one commit
+                    queue.ack(delivery, wait=False)
+                queue.flush()  # the acks' commit
+                queued -= 10
+            per_commit = (time.perf_counter() - started) / (2 * ROUNDS)
+            print(f"| {depth:,} | {size / 1e6:.2f} | {per_commit * 1000:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
