@@ -54,6 +54,7 @@ from objq_broker.errors import (
     StorageUnavailable,
 )
 from objq_broker.kombu_channel import Channel
+from objq_broker.kombu_events import LoopBinding
 from objq_broker.kombu_exchanges import ExchangeTable
 from objq_broker.kombu_options import TransportSettings
 from objq_broker.queue import Delivery, Queue
@@ -108,7 +109,7 @@ class Transport(virtual.Transport):
     can_parse_url = True
     default_port = None
     implements = virtual.Transport.implements.extend(
-        asynchronous=False,
+        asynchronous=True,  # through a wakeup socket: see objq_broker.kombu_events
         exchange_type=frozenset(["direct", "topic", "fanout"]),
         heartbeats=False,
     )
@@ -136,6 +137,7 @@ class Transport(virtual.Transport):
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._binding: LoopBinding | None = None
 
     @property
     def default_connection_params(self) -> dict[str, Any]:
@@ -186,6 +188,7 @@ class Transport(virtual.Transport):
         try:
             super().close_connection(connection)
         finally:
+            self._leave_event_loop()
             self._stop.set()
             if self._beat is not None and self._beat is not threading.current_thread():
                 self._beat.join(timeout=5)
@@ -197,6 +200,31 @@ class Transport(virtual.Transport):
             client, self.queue = self.queue, None
         if client is not None:
             _shared_queues.release(client)
+
+    # --- event loop ------------------------------------------------------------------------
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        """Deliver through ``loop`` (kombu's Hub, as Celery's worker runs it) from now on."""
+        self._leave_event_loop()
+        self._binding = LoopBinding(loop, self.polling_interval, self.pump)
+        self.wake()
+
+    def wake(self) -> None:
+        """Have the event loop (if any) deliver what can be delivered now; any thread."""
+        binding = self._binding
+        if binding is not None:
+            binding.wakeup.signal()
+
+    def pump(self, poll: bool = False) -> None:
+        """In the loop: hand every channel's claimed messages to its consumers (``poll``: the
+        loop's timer called, so empty queues are claimed from again)."""
+        for channel in list(self.channels):
+            channel.pump(poll)
+
+    def _leave_event_loop(self) -> None:
+        binding, self._binding = self._binding, None
+        if binding is not None:
+            binding.close()
 
     # --- heartbeat -------------------------------------------------------------------------
 

@@ -81,6 +81,7 @@ class Channel(virtual.Channel):
         self._window = 0  # how many to claim at once; starts at the prefetch window
         self._taken_at = 0.0  # when a cached message was last delivered (or the cache filled)
         self._settled = threading.Condition()  # notified when a message is acked or rejected
+        self._found_none = False  # the last claim came back empty: evented claims wait a poll
 
     @property
     def client(self) -> Queue:
@@ -239,7 +240,15 @@ class Channel(virtual.Channel):
     def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
         if no_ack:
             self._no_ack_queues.add(queue)
-        return super().basic_consume(queue, no_ack, *args, **kwargs)
+        result = super().basic_consume(queue, no_ack, *args, **kwargs)
+        self._found_none = False  # a new queue may have messages: look now, not at the next poll
+        self.connection.wake()
+        return result
+
+    def basic_qos(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().basic_qos(*args, **kwargs)
+        self.connection.wake()  # a larger prefetch window may take cached messages now
+        return result
 
     def basic_cancel(self, consumer_tag: str) -> Any:
         queue = self._tag_to_queue.get(consumer_tag)
@@ -289,11 +298,9 @@ class Channel(virtual.Channel):
 
     def _get_many(self, queues: list[str], timeout: float | None = None, callback: Any = None):  # type: ignore[no-untyped-def]
         callback = callback or self.connection._deliver
-        names = list(dict.fromkeys(queues))
+        names = self._in_turn(queues)
         if not names:
             raise Empty()
-        self._turn = (self._turn + 1) % len(names)
-        names = names[self._turn :] + names[: self._turn]  # fair: each queue leads in turn
         budget = self.qos.can_consume_max_estimate() or self.settings.batch_size
         if self._no_ack_queues.intersection(names):
             # Messages of a no-ack queue are settled when claimed: never claim them ahead.
@@ -309,6 +316,14 @@ class Channel(virtual.Channel):
                 # The rest were never handed over: give them back rather than hold them.
                 self._release_tags([r["properties"]["delivery_tag"] for r, _ in got[index + 1 :]])
                 raise
+
+    def _in_turn(self, queues: Iterable[str]) -> list[str]:
+        """The queues, each leading in turn (a claim takes the first queue's messages first)."""
+        names = list(dict.fromkeys(queues))
+        if names:
+            self._turn = (self._turn + 1) % len(names)
+            names = names[self._turn :] + names[: self._turn]
+        return names
 
     def _take_ahead(self, names: list[str], budget: int) -> list[_Raw]:
         """Up to ``budget`` messages (what the prefetch window allows now), from messages
@@ -336,6 +351,10 @@ class Channel(virtual.Channel):
             self._ahead_size = self._window
             lease = self.settings.visibility_timeout
             self._ahead = self.client.submit_claim_many(names, self._window, lease=lease)
+            self._ahead.add_done_callback(self._claim_done)
+
+    def _claim_done(self, _: Future[list[Delivery]]) -> None:
+        self.connection.wake()  # on the engine's writer thread: the event loop takes it over
 
     def _harvest(self, timeout: float | None) -> None:
         """Cache the claim submitted ahead once it has committed."""
@@ -350,6 +369,7 @@ class Channel(virtual.Channel):
             if ahead.done():
                 self._ahead = None
         starved = not self._cache
+        self._found_none = not found
         got = self._accept(found, no_ack=set())
         if starved and len(found) >= self._ahead_size:
             self._window = min(self._window * 2, self.settings.batch_size)
@@ -394,6 +414,47 @@ class Channel(virtual.Channel):
             got.append((raw, delivery.job.queue))
         return got
 
+    # --- evented delivery (kombu's Hub, see objq_broker.kombu_events) ---------------------
+
+    def pump(self, poll: bool) -> None:
+        """Hand claimed messages to the consumers as far as the prefetch window allows, and
+        keep one claim in flight while they can take more; never blocks. ``poll``: the loop's
+        timer called, so an empty queue is claimed from again."""
+        if self.closed or not self._consumers:
+            return
+        if poll:
+            self._found_none = False
+        self._harvest(0.0)
+        self._hand_out()
+        if self._cache and not self.qos.can_consume():
+            if time.monotonic() - self._taken_at >= HOARD_SECONDS:
+                self._give_back_cache()
+            return
+        if self._found_none or self._ahead is not None:
+            return
+        if not self._window:
+            budget = self.qos.can_consume_max_estimate() or self.settings.batch_size
+            self._window = min(max(budget, 1), self.settings.batch_size)
+        if not self._cache or len(self._cache) < self._window // 2:
+            self._submit_ahead(self._in_turn(self._active_queues))
+
+    def _hand_out(self) -> None:
+        """Deliver cached messages while the prefetch window is open."""
+        callbacks = self.connection._callbacks
+        orphans: list[str] = []
+        while self._cache and self.qos.can_consume():
+            raw, queue = self._cache.popleft()
+            tag = raw["properties"]["delivery_tag"]
+            if queue not in callbacks or queue not in self._active_queues:
+                orphans.append(tag)  # its consumer was cancelled after the claim
+                continue
+            if queue in self._no_ack_queues:
+                self.settle(tag, "ack")  # settled on delivery, as no_ack asks
+            self._taken_at = time.monotonic()
+            callbacks[queue](raw)
+        if orphans:
+            self._release_tags(orphans)
+
     # --- settling --------------------------------------------------------------------------
 
     def held(self) -> list[Delivery]:
@@ -418,6 +479,7 @@ class Channel(virtual.Channel):
     def window_opened(self) -> None:
         with self._settled:
             self._settled.notify_all()
+        self.connection.wake()
 
     def drop(self, tokens: set[str]) -> None:
         """Stop holding deliveries whose leases were lost (another consumer may have them)."""

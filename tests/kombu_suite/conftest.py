@@ -33,11 +33,6 @@ LEFT_OUT_CLASSES: dict[str, str] = {
         "Connection.switch() also re-parses an alternate with parse_url(), which turns any "
         "transport+URL form (objq+file://, sqla+postgresql://) into transport 'objq+file'"
     ),
-    "BaseEventLoop": (
-        "needs a transport with a file descriptor for kombu's Hub (implements.asynchronous); "
-        "objq is polled like kombu's memory, filesystem and SQLAlchemy transports, which "
-        "Celery drives with its synchronous consumer loop"
-    ),
 }
 
 

@@ -1,0 +1,81 @@
+"""How the objq kombu transport joins an event loop (kombu's Hub, which Celery's worker runs).
+
+objq has no socket that becomes readable when a message arrives: claims are commits of the
+group-commit engine, which finish on its writer thread. The transport gives the loop a socket
+of its own instead, and anything that may let a message be delivered writes one byte to it: a
+claim that committed, an ack or reject that opened the prefetch window, a new consumer. The
+loop then calls the transport, which hands out what the window allows without blocking. A
+timer repeats the same call every ``polling_interval`` so that an empty queue is looked at
+again and messages that waited too long for the window are given back.
+
+With a loop, Celery runs its event-driven consumer and the asynchronous prefork pool (tasks
+go to the child processes over pipes watched by the same loop) instead of the synchronous
+loop with a thread handing tasks to the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+class Wakeup:
+    """A socket pair: :meth:`signal` from any thread makes :meth:`fileno` readable.
+
+    Only the first signal after a :meth:`clear` writes, so a burst of acks costs one byte."""
+
+    def __init__(self) -> None:
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        self._pending = False
+        self._lock = threading.Lock()
+
+    def fileno(self) -> int:
+        return self._reader.fileno()
+
+    def signal(self, *_: object) -> None:
+        """Make the loop call back soon (also usable as a future's done callback)."""
+        with self._lock:
+            if self._pending:
+                return
+            self._pending = True
+        with contextlib.suppress(OSError):  # closed meanwhile, or the buffer is full: either way
+            self._writer.send(b"\0")  # the loop has been told already or no longer listens
+
+    def clear(self) -> None:
+        """Consume the signals; call before doing the work they asked for, so none is missed."""
+        with self._lock:
+            self._pending = False
+        with contextlib.suppress(OSError):
+            while self._reader.recv(4096):
+                pass
+
+    def close(self) -> None:
+        self._reader.close()
+        self._writer.close()
+
+
+class LoopBinding:
+    """The transport's place in one event loop: its wakeup socket and its polling timer."""
+
+    def __init__(self, loop: Any, interval: float, pump: Callable[[bool], None]) -> None:
+        self.loop = loop
+        self.wakeup = Wakeup()
+        self._pump = pump
+        loop.add_reader(self.wakeup.fileno(), self.on_readable)
+        self._timer = loop.call_repeatedly(interval, pump, True)
+
+    def on_readable(self) -> None:
+        self.wakeup.clear()
+        self._pump(False)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # the loop may be closed or reset already
+            self._timer.cancel()
+        with contextlib.suppress(Exception):
+            self.loop.remove_reader(self.wakeup.fileno())
+        self.wakeup.close()
