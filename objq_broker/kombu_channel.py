@@ -430,8 +430,8 @@ class Channel(virtual.Channel):
             if time.monotonic() - self._taken_at >= HOARD_SECONDS:
                 self._give_back_cache()
             return
-        if self._found_none or self._ahead is not None:
-            return
+        if self._found_none or self._ahead is not None or not self.qos.can_consume():
+            return  # (a shut window with nothing cached: the next ack wakes this up)
         if not self._window:
             budget = self.qos.can_consume_max_estimate() or self.settings.batch_size
             self._window = min(max(budget, 1), self.settings.batch_size)

@@ -1,0 +1,189 @@
+"""The objq kombu transport driven by kombu's event loop (the Hub that Celery's worker runs).
+
+Each test runs a real Hub over real connections to a local store; the loop is turned by hand
+(``hub.run_once``) until a condition holds or a deadline passes, so a defect shows as a wrong
+count, never as a hang.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kombu
+import pytest
+from kombu.asynchronous import Hub
+
+import objq_broker.kombu  # noqa: F401  (registers the objq+... URLs)
+from objq_broker import Queue
+
+OPTIONS = {"visibility_timeout": 30.0, "polling_interval": 0.05}
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    return (tmp_path / "objq").as_uri()
+
+
+@pytest.fixture
+def connect(store_url: str) -> Iterator[Callable[[], kombu.Connection]]:
+    opened: list[kombu.Connection] = []
+
+    def make() -> kombu.Connection:
+        conn = kombu.Connection(f"objq+{store_url}", transport_options=dict(OPTIONS))
+        conn.connect()
+        opened.append(conn)
+        return conn
+
+    yield make
+    for conn in opened:
+        conn.close()
+
+
+@pytest.fixture
+def hub() -> Iterator[Hub]:
+    loop = Hub()
+    yield loop
+    loop.close()
+
+
+def publish(conn: kombu.Connection, queue: str, count: int) -> None:
+    target = kombu.Queue(queue, routing_key=queue)
+    producer = kombu.Producer(conn.default_channel)
+    for n in range(count):
+        producer.publish({"n": n}, routing_key=queue, declare=[target])
+
+
+def run_until(hub: Hub, done: Callable[[], bool], within: float) -> None:
+    deadline = time.monotonic() + within
+    while not done() and time.monotonic() < deadline:
+        hub.run_once()
+
+
+def run_for(hub: Hub, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        hub.run_once()
+
+
+def live_timers(hub: Hub) -> int:
+    return sum(1 for _, _, entry in hub.timer.queue if not entry.canceled)
+
+
+def take_all(conn: kombu.Connection, queue: str) -> list[int]:
+    """Every message ``conn`` can get now, acked."""
+    got = []
+    while (message := conn.default_channel.basic_get(queue)) is not None:
+        got.append(message.payload["n"])
+        message.ack()
+    return got
+
+
+def test_a_message_published_later_reaches_an_idle_consumer(connect: Any, hub: Hub) -> None:
+    consumer_conn, producer_conn = connect(), connect()
+    got: list[int] = []
+
+    def on_message(body: Any, message: Any) -> None:
+        got.append(body["n"])
+        message.ack()
+
+    queue = kombu.Queue("later", routing_key="later")
+    with kombu.Consumer(consumer_conn, [queue], callbacks=[on_message]):
+        consumer_conn.register_with_event_loop(hub)
+        run_for(hub, 0.3)  # the queue is empty: claims come back with nothing
+        assert got == []
+        publish(producer_conn, "later", 3)
+        run_until(hub, lambda: len(got) == 3, within=10)
+    assert got == [0, 1, 2]
+
+
+def test_the_prefetch_window_bounds_deliveries_until_acks_open_it(
+    connect: Any, hub: Hub
+) -> None:
+    conn = connect()
+    publish(conn, "window", 30)
+    unacked: list[Any] = []
+    got: list[int] = []
+
+    def on_message(body: Any, message: Any) -> None:
+        got.append(body["n"])
+        unacked.append(message)
+
+    queue = kombu.Queue("window", routing_key="window")
+    with kombu.Consumer(conn, [queue], callbacks=[on_message], prefetch_count=4):
+        conn.register_with_event_loop(hub)
+        run_until(hub, lambda: len(got) >= 4, within=10)
+        run_for(hub, 0.3)
+        assert got == [0, 1, 2, 3]  # the window is full: nothing more until an ack
+        while len(got) < 30:
+            # Ack from the loop, as Celery does when a task finishes.
+            before = len(got)
+            for message in unacked:
+                message.ack()
+            unacked.clear()
+            run_until(hub, lambda: len(got) > before, within=10)  # noqa: B023 (read at once)
+            assert len(got) > before, "acks opened the window but no message followed"
+        for message in unacked:
+            message.ack()
+    assert got == list(range(30))  # each once, in order
+
+
+def test_claimed_ahead_messages_are_given_back_while_the_window_stays_shut(
+    connect: Any, hub: Hub, store_url: str
+) -> None:
+    conn, other = connect(), connect()
+    publish(conn, "hoard", 60)
+    got: list[int] = []
+
+    def on_message(body: Any, message: Any) -> None:
+        got.append(body["n"])
+        if len(got) <= 20:
+            message.ack()  # the first 20 run quickly; the 2 after them never finish
+
+    queue = kombu.Queue("hoard", routing_key="hoard")
+    with kombu.Consumer(conn, [queue], callbacks=[on_message], prefetch_count=2):
+        conn.register_with_event_loop(hub)
+        run_until(hub, lambda: len(got) >= 22, within=10)
+        with Queue(store_url) as q:
+            claimed = q.stats("hoard").in_flight
+        # A backlog of quick messages made the transport claim ahead of the window of 2.
+        assert claimed > 2, claimed
+        run_for(hub, 1.6)  # over a second with the window shut: the extra claims go back
+        assert got == list(range(22))
+        # Leases last 30 s, so the other connection gets them only if they were given back.
+        assert sorted(take_all(other, "hoard")) == list(range(22, 60))
+
+
+def test_a_no_ack_consumer_settles_on_delivery(connect: Any, hub: Hub, store_url: str) -> None:
+    conn = connect()
+    publish(conn, "noack", 12)
+    got: list[int] = []
+    queue = kombu.Queue("noack", routing_key="noack")
+    consumer = kombu.Consumer(
+        conn, [queue], callbacks=[lambda body, message: got.append(body["n"])], no_ack=True
+    )
+    with consumer:
+        conn.register_with_event_loop(hub)
+        run_until(hub, lambda: len(got) == 12, within=10)
+    assert got == list(range(12))
+    conn.close()  # nothing held is given back: there is nothing held
+    with Queue(store_url) as q:
+        stats = q.stats("noack")
+    assert (stats.ready, stats.in_flight) == (0, 0)
+
+
+def test_closing_the_connection_leaves_the_loop(connect: Any, hub: Hub) -> None:
+    conn = connect()
+    readers_before = set(hub.readers)
+    timers_before = live_timers(hub)
+    with kombu.Consumer(conn, [kombu.Queue("leave", routing_key="leave")], callbacks=[]):
+        conn.register_with_event_loop(hub)
+        assert len(hub.readers) == len(readers_before) + 1
+        assert live_timers(hub) == timers_before + 1
+        run_for(hub, 0.1)
+    conn.close()
+    assert set(hub.readers) == readers_before
+    assert live_timers(hub) == timers_before
+    run_for(hub, 0.1)  # the loop runs on without the closed transport
