@@ -123,7 +123,7 @@ def test_the_prefetch_window_bounds_deliveries_until_acks_open_it(
             for message in unacked:
                 message.ack()
             unacked.clear()
-            run_until(hub, lambda: len(got) > before, within=10)  # noqa: B023 (read at once)
+            run_until(hub, lambda: len(got) > before, within=10)
             assert len(got) > before, "acks opened the window but no message followed"
         for message in unacked:
             message.ack()
