@@ -99,9 +99,7 @@ def test_a_message_published_later_reaches_an_idle_consumer(connect: Any, hub: H
     assert got == [0, 1, 2]
 
 
-def test_the_prefetch_window_bounds_deliveries_until_acks_open_it(
-    connect: Any, hub: Hub
-) -> None:
+def test_the_prefetch_window_bounds_deliveries_until_acks_open_it(connect: Any, hub: Hub) -> None:
     conn = connect()
     publish(conn, "window", 30)
     unacked: list[Any] = []
