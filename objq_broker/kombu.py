@@ -27,6 +27,8 @@ Mapping onto objq (see ``docs/celery.md``):
   releases what it holds; a killed process's leases expire and their messages come back.
 * Exchanges and bindings are kept in the store (:mod:`objq_broker.kombu_exchanges`), so direct,
   topic and fanout routing work across processes (Celery broadcast and remote control).
+* The transport joins kombu's event loop through a wakeup socket
+  (:mod:`objq_broker.kombu_events`), so Celery runs its event-driven consumer on it.
 """
 
 # mypy: disallow-untyped-calls=False

@@ -37,7 +37,7 @@ class TestObjqTimeToLive(common.BaseTimeToLive):  # type: ignore[misc]
         return (tmp_path / "objq").as_uri()
 
 
-if hasattr(common, "BaseEventLoop"):  # kombu 5.6 and later
+if hasattr(common, "BaseEventLoop"):  # in kombu 5.7, not in 5.5
 
     class TestObjqEventLoop(common.BaseEventLoop):  # type: ignore[misc,name-defined]
         pass
