@@ -18,7 +18,9 @@ For each broker, on a fresh, empty queue:
    writes that down at shutdown; drain rate = tasks run / (last finish - first start), so the
    worker's boot time is not counted. The worker is stopped (SIGTERM) once the broker reports
    the queue empty with nothing unacknowledged. For objq the table also gives the state commits
-   made during the drain (the state's version counter) per 1,000 tasks.
+   made during the drain (the state's version counter) per 1,000 tasks. "Longest wait" is the
+   longest any pool process waited between finishing one task and starting the next: a stall
+   in delivery shows there even when the rate looks fine.
 
 Two extra rows repeat all of it with ``--prefetch-multiplier`` = ``--large-prefetch`` (64) for
 both brokers: Celery's default window (concurrency x 4 = 8 messages) bounds how many messages
@@ -91,17 +93,22 @@ app = make_app(
 
 
 class _Tally:
-    """First start, last finish and count of the tasks one pool process ran."""
+    """First start, last finish, count, and longest wait between two tasks of one pool
+    process (a stall in delivery shows there, while the rate alone hides it)."""
 
     first: float | None = None
     last: float | None = None
     count = 0
+    longest_wait = 0.0
 
 
 @task_prerun.connect
 def _started(**_: Any) -> None:
+    now = time.time()
     if _Tally.first is None:
-        _Tally.first = time.time()
+        _Tally.first = now
+    if _Tally.last is not None:
+        _Tally.longest_wait = max(_Tally.longest_wait, now - _Tally.last)
 
 
 @task_postrun.connect
@@ -114,7 +121,8 @@ def _finished(**_: Any) -> None:
 def _write_tally(**_: Any) -> None:
     folder = os.environ.get("BENCH_TALLY_DIR")
     if folder and _Tally.count:
-        record = {"first": _Tally.first, "last": _Tally.last, "count": _Tally.count}
+        record = {"first": _Tally.first, "last": _Tally.last, "count": _Tally.count,
+                  "longest_wait": _Tally.longest_wait}  # fmt: skip
         Path(folder, f"{os.getpid()}.json").write_text(json.dumps(record))
 
 
@@ -177,6 +185,7 @@ class Result:
     drain_seconds: float
     drain_commits: int | None
     prefetch: int
+    longest_wait: float  # seconds: the longest a pool process waited for its next task
 
     @property
     def send_rate(self) -> float:
@@ -224,7 +233,7 @@ def purge(producer_app: Celery, queue: str) -> None:
         connection.default_channel.queue_purge(queue)
 
 
-def drain(broker: Broker, concurrency: int, prefetch: int, logs: Path) -> tuple[int, float]:
+def drain(broker: Broker, concurrency: int, prefetch: int, logs: Path) -> tuple[int, float, float]:
     with tempfile.TemporaryDirectory(prefix="celery-bench-tally-") as tally:
         env = dict(os.environ)
         env.update(
@@ -255,7 +264,8 @@ def drain(broker: Broker, concurrency: int, prefetch: int, logs: Path) -> tuple[
         sys.exit(f"{broker.label}: the worker ran no task (see {logs})")
     first = min(t["first"] for t in tallies)
     last = max(t["last"] for t in tallies)
-    return sum(t["count"] for t in tallies), last - first
+    longest_wait = max(t["longest_wait"] for t in tallies)
+    return sum(t["count"] for t in tallies), last - first, longest_wait
 
 
 def measure(broker: Broker, messages: int, threaded: int, args: argparse.Namespace) -> Result:
@@ -268,19 +278,21 @@ def measure(broker: Broker, messages: int, threaded: int, args: argparse.Namespa
         producer_app.close()
     prefetch = broker.prefetch or args.prefetch_multiplier
     before = broker.commits() if broker.commits else None
-    drained, drain_seconds = drain(broker, args.concurrency, prefetch, args.logs)
+    drained, drain_seconds, longest_wait = drain(broker, args.concurrency, prefetch, args.logs)
     commits = broker.commits() - before if broker.commits and before is not None else None
     if drained < messages:
         sys.exit(f"{broker.label}: {drained} of {messages} tasks ran")
     print(
         f"{broker.label}: apply_async {messages / send_seconds:,.0f}/s, "
-        f"8 threads {threaded / threaded_seconds:,.0f}/s, drain {drained / drain_seconds:,.0f}/s",
+        f"8 threads {threaded / threaded_seconds:,.0f}/s, drain {drained / drain_seconds:,.0f}/s, "
+        f"longest wait {longest_wait * 1000:,.0f} ms",
         flush=True,
     )
     return Result(
         broker.label,
         *(messages, send_seconds, threaded, threaded_seconds, drained, drain_seconds, commits),
         prefetch,
+        longest_wait,
     )
 
 
@@ -290,8 +302,8 @@ def measure(broker: Broker, messages: int, threaded: int, args: argparse.Namespa
 def table(results: list[Result]) -> str:
     lines = [
         "| broker | apply_async 1 thread (msg/s) | vs redis | apply_async 8 threads (msg/s) "
-        "| vs redis | drain (msg/s) | vs redis | commits/1k drained |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| vs redis | drain (msg/s) | vs redis | commits/1k drained | longest wait (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         # The anchor is the Redis row with the same prefetch.
@@ -301,7 +313,8 @@ def table(results: list[Result]) -> str:
         lines.append(
             f"| {r.label} | {r.send_rate:,.0f} | {r.send_rate / anchor.send_rate:.2f} "
             f"| {r.threaded_rate:,.0f} | {r.threaded_rate / anchor.threaded_rate:.2f} "
-            f"| {r.drain_rate:,.0f} | {r.drain_rate / anchor.drain_rate:.2f} | {per_1k} |"
+            f"| {r.drain_rate:,.0f} | {r.drain_rate / anchor.drain_rate:.2f} | {per_1k} "
+            f"| {r.longest_wait * 1000:,.0f} |"
         )
     return "\n".join(lines)
 
