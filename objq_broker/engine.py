@@ -47,6 +47,7 @@ from objq_broker.errors import (
     StorageError,
     WriterFenced,
 )
+from objq_broker.janitor import Janitor
 from objq_broker.records import (
     RECENT_COMMITS,
     ArchiveRecord,
@@ -165,6 +166,7 @@ class Engine:
         self.metrics = EngineMetrics()
         #: Payload bodies kept out of the state, cached by bodies object.
         self.bodies = BodyCache(store)
+        self._janitor = Janitor(store)
         self._rng = random.Random(seed)
         self._state: QueueState | None = None
         self._version: str | None = None
@@ -232,6 +234,8 @@ class Engine:
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
+        self._janitor.close()
+        self.bodies.close()
 
     @property
     def closed(self) -> bool:
@@ -461,7 +465,8 @@ class Engine:
         state.finished.clear()
         unused, state.unused_bodies = state.unused_bodies, []
         for key in unused:
-            self._delete_quietly(key, "unused bodies object")
+            self.bodies.forget(key)
+        self._janitor.delete(unused, "unused bodies object")
 
     def _inline(self, job: Job) -> Job:
         """``job`` with its body in place, for an archive record that stands on its own."""
@@ -481,10 +486,7 @@ class Engine:
         attempt.written.clear()
 
     def _delete_quietly(self, key: str, what: str) -> None:
-        try:
-            self.store.delete(key)
-        except StorageError as exc:
-            log.warning("could not remove %s %s: %s", what, key, exc)
+        self._janitor.delete_now(key, what)
 
     def _invalidate(self) -> None:
         self._state = None

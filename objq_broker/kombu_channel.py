@@ -350,7 +350,8 @@ class Channel(virtual.Channel):
         if self._ahead is None:
             self._ahead_size = self._window
             lease = self.settings.visibility_timeout
-            self._ahead = self.client.submit_claim_many(names, self._window, lease=lease)
+            claim = self.client.submit_claim_many(names, self._window, lease=lease)
+            self._ahead = self.client.then_fill(claim)  # payloads read off this thread
             self._ahead.add_done_callback(self._claim_done)
 
     def _claim_done(self, _: Future[list[Delivery]]) -> None:

@@ -378,6 +378,28 @@ class Queue:
     def fill_deliveries(self, deliveries: list[Delivery]) -> list[Delivery]:
         return [Delivery(self.fill(d.job), d.token) for d in deliveries]
 
+    def then_fill(self, claim: Future[list[Delivery]]) -> Future[list[Delivery]]:
+        """The deliveries of ``claim`` with their payloads loaded, without blocking: bodies
+        objects that are not cached are read in parallel once the claim has committed, so a
+        consumer's event loop never waits on storage reads."""
+        filled: Future[list[Delivery]] = Future()
+
+        def fill(_: object) -> None:
+            try:
+                filled.set_result(self.fill_deliveries(claim.result()))
+            except BaseException as exc:  # handed to whoever waits on the future
+                filled.set_exception(exc)
+
+        def claimed(_: object) -> None:
+            if claim.exception() is not None:
+                fill(None)
+                return
+            refs = [d.job.ref for d in claim.result() if d.job.ref is not None and not d.job.body]
+            self.engine.bodies.prefetch(refs).add_done_callback(fill)
+
+        claim.add_done_callback(claimed)
+        return filled
+
     def fill_rows(self, rows: list[tuple[str, Job]]) -> list[tuple[str, Job]]:
         return [(state, self.fill(job)) for state, job in rows]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from objq_broker import Queue, StateCorrupt
-from objq_broker.bodies import BODIES_PREFIX, INLINE_MAX_BYTES
+from objq_broker.bodies import BODIES_PREFIX, INLINE_MAX_BYTES, BodyCache, encode_bodies
 from objq_broker.engine import STATE_KEY
 from objq_broker.records import decode_archive, decode_state
 from objq_broker.storage import MemoryStore, open_store
@@ -98,3 +98,47 @@ def test_idempotent_enqueue_returns_the_earlier_payload() -> None:
     with Queue(store=store) as queue:
         again = queue.enqueue("q", b"other", key="k")
         assert again.id == first.id and again.payload == BIG
+
+
+def test_a_claim_filled_off_the_callers_thread_reads_other_processes_bodies(
+    tmp_path: Path,
+) -> None:
+    url = tmp_path.as_uri()
+    with Queue(url) as producer:
+        for n in range(30):  # one commit, so one bodies object, per message
+            producer.enqueue("q", BIG + bytes([n]))
+    assert len(open_store(url).list(BODIES_PREFIX)) == 30
+    with Queue(url) as consumer:
+        filled = consumer.then_fill(consumer.submit_claim_many(["q"], 30)).result(10)
+        assert all(d.job.body for d in filled)  # loaded before anyone asks for a payload
+        assert sorted(d.payload for d in filled) == sorted(BIG + bytes([n]) for n in range(30))
+        for delivery in filled:
+            consumer.ack(delivery, wait=False)
+    assert open_store(url).list(BODIES_PREFIX) == []  # deleted once the last job finished
+
+
+def test_a_missing_body_fails_the_filled_claim_with_the_state_error(tmp_path: Path) -> None:
+    url = tmp_path.as_uri()
+    with Queue(url) as producer:
+        producer.enqueue("q", BIG)
+    store = open_store(url)
+    [key] = store.list(BODIES_PREFIX)
+    store.delete(key)
+    with Queue(url) as consumer:
+        filled = consumer.then_fill(consumer.submit_claim_many(["q"], 1))
+        with pytest.raises(StateCorrupt, match="missing"):
+            filled.result(10)
+
+
+def test_the_body_cache_keeps_recent_objects_up_to_its_byte_budget() -> None:
+    store = MemoryStore("bodies-budget")
+    cache = BodyCache(store, max_bytes=1000)
+    for n in range(5):
+        store.write(f"bodies/{n}.json", encode_bodies([("x" * 400, False)]))
+    for n in range(5):
+        assert cache.load(f"bodies/{n}.json#0") == ("x" * 400, False)
+    store.delete("bodies/0.json")
+    store.delete("bodies/4.json")
+    assert cache.load("bodies/4.json#0") == ("x" * 400, False)  # the newest: still cached
+    with pytest.raises(StateCorrupt, match="missing"):
+        cache.load("bodies/0.json#0")  # the oldest: dropped to keep 1,000 bytes at most

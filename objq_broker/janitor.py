@@ -1,0 +1,56 @@
+"""Deleting objects the state no longer refers to, off the commit path.
+
+A commit that finishes jobs whose payloads were kept out of line drops bodies objects (a
+producer that sends one message per commit makes one per message). Deleting them one after
+the other on the writer thread would make the next commit wait for every delete; here they
+run on a few threads of their own while the writer goes on. A delete that fails or never runs
+(the process died) leaves an unreferenced object behind: garbage, never a lost job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from objq_broker.errors import StorageError
+from objq_broker.storage.base import ObjectStore
+
+log = logging.getLogger("objq_broker.engine")
+
+#: Deletes in flight at once (object stores take parallel requests as fast as one).
+DELETE_THREADS = 4
+
+
+class Janitor:
+    """Deletes objects in the background; :meth:`close` waits for those already asked for."""
+
+    def __init__(self, store: ObjectStore, threads: int = DELETE_THREADS) -> None:
+        self.store = store
+        self.threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def delete(self, keys: Iterable[str], what: str) -> None:
+        keys = list(keys)
+        if not keys:
+            return
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="objq-janitor")
+            pool = self._pool
+        for key in keys:
+            pool.submit(self.delete_now, key, what)
+
+    def delete_now(self, key: str, what: str) -> None:
+        try:
+            self.store.delete(key)
+        except StorageError as exc:
+            log.warning("could not remove %s %s: %s", what, key, exc)
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
