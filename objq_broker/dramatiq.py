@@ -445,7 +445,8 @@ class _ObjqConsumer(dramatiq.Consumer):
                 return
             self._asked = free
         with _connection_errors():
-            self._ahead = self.client.submit_claim(self.queue_name, free)
+            # Payloads kept out of line are read in parallel before the claim is harvested.
+            self._ahead = self.client.then_fill(self.client.submit_claim(self.queue_name, free))
 
     def _take(self) -> Delivery | None:
         if not self._cache:
