@@ -123,6 +123,8 @@ class SuiteRun:
             lines.append(f"  {outcome} {nodeid}: {failure['message']}")
         for skip in self.report.get("skips", []):
             lines.append(f"  SKIPPED {skip}")
+        for rerun in self.report.get("reruns", []):
+            lines.append(f"  RERUN {rerun}")
         ranked = self.report.get("slowest", [])[:slowest]
         if ranked:
             lines.append(
