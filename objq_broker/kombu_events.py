@@ -67,13 +67,29 @@ class LoopBinding:
         self.wakeup = Wakeup()
         self._pump = pump
         loop.add_reader(self.wakeup.fileno(), self.on_readable)
-        self._timer = loop.call_repeatedly(interval, pump, True)
+        loop.on_tick.add(self.keep_registered)
+        self._timer = loop.call_repeatedly(interval, self.on_timer)
+
+    def keep_registered(self) -> None:
+        """Register the socket again on every turn of the loop (a no-op while it is there).
+
+        A child process forked by Celery's prefork pool shares the loop's epoll instance, and
+        when it closes its copy of the loop it can unregister our socket from the parent's too.
+        Without this, one signal would then stay pending for ever and every later wakeup be
+        lost, so messages would move only on the timer; kombu's Redis transport registers its
+        sockets on every turn for the same reason."""
+        self.loop.add_reader(self.wakeup.fileno(), self.on_readable)
 
     def on_readable(self) -> None:
         self.wakeup.clear()
         self._pump(False)
 
+    def on_timer(self) -> None:
+        self.wakeup.clear()  # also ends a signal that a lost registration left pending
+        self._pump(True)
+
     def close(self) -> None:
+        self.loop.on_tick.discard(self.keep_registered)
         with contextlib.suppress(Exception):  # the loop may be closed or reset already
             self._timer.cancel()
         with contextlib.suppress(Exception):

@@ -7,7 +7,9 @@ count, never as a hang.
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -185,3 +187,38 @@ def test_closing_the_connection_leaves_the_loop(connect: Any, hub: Hub) -> None:
     assert set(hub.readers) == readers_before
     assert live_timers(hub) == timers_before
     run_for(hub, 0.1)  # the loop runs on without the closed transport
+
+
+def test_a_forked_child_closing_its_loop_does_not_silence_the_parent(
+    store_url: str, hub: Hub
+) -> None:
+    # A polling interval far longer than the test: only wakeups can deliver in time.
+    options = {**OPTIONS, "polling_interval": 30.0}
+    conn = kombu.Connection(f"objq+{store_url}", transport_options=options)
+    got: list[Any] = []
+    try:
+        conn.connect()
+        publish(conn, "forked", 3)
+        queue = kombu.Queue("forked", routing_key="forked")
+        consumer = kombu.Consumer(
+            conn, [queue], callbacks=[lambda body, message: got.append(message)], prefetch_count=1
+        )
+        with consumer:
+            conn.register_with_event_loop(hub)
+            run_until(hub, lambda: len(got) == 1, within=10)
+            assert len(got) == 1
+            hub.run_once()  # the loop's poller exists before the fork, as in a worker
+            with warnings.catch_warnings():  # Python 3.12+ warns on fork with threads running
+                warnings.simplefilter("ignore", DeprecationWarning)
+                child = os.fork()
+            if child == 0:  # what a prefork pool child may do with its copy of the loop
+                hub.close()
+                os._exit(0)
+            os.waitpid(child, 0)
+            for expected in (2, 3):
+                got[-1].ack()  # a wakeup: the window opened
+                run_until(hub, lambda: len(got) == expected, within=3)
+                assert len(got) == expected, "the ack's wakeup was lost after the fork"
+            got[-1].ack()
+    finally:
+        conn.close()
