@@ -76,8 +76,8 @@ class LoopBinding:
         A child process forked by Celery's prefork pool shares the loop's epoll instance, and
         when it closes its copy of the loop it can unregister our socket from the parent's too.
         Without this, one signal would then stay pending for ever and every later wakeup be
-        lost, so messages would move only on the timer; kombu's Redis transport registers its
-        sockets on every turn for the same reason."""
+        lost, so messages would move only on the timer. (kombu's Redis transport also
+        registers its sockets on every turn.)"""
         self.loop.add_reader(self.wakeup.fileno(), self.on_readable)
 
     def on_readable(self) -> None:
