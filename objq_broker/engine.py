@@ -216,11 +216,13 @@ class Engine:
         return self.submit(fn, latest=latest).result()
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until everything submitted so far is durable (or failed)."""
+        """Wait until everything submitted so far is durable (or failed), and the objects
+        its commits freed are deleted."""
         with self._cv:
             if self._thread is None:
                 return
         self.submit(lambda state, now: None).result(timeout)
+        self._janitor.wait(timeout)
 
     def on_commit(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the writer thread) after each batch; it must not block."""

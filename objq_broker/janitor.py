@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 
 from objq_broker.errors import StorageError
 from objq_broker.storage.base import ObjectStore
@@ -31,6 +32,7 @@ class Janitor:
         self.threads = threads
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._pending: set[Future[None]] = set()
 
     def delete(self, keys: Iterable[str], what: str) -> None:
         keys = list(keys)
@@ -41,7 +43,20 @@ class Janitor:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="objq-janitor")
             pool = self._pool
         for key in keys:
-            pool.submit(self.delete_now, key, what)
+            future = pool.submit(self.delete_now, key, what)
+            with self._lock:
+                self._pending.add(future)
+            future.add_done_callback(self._done)
+
+    def _done(self, future: Future[None]) -> None:
+        with self._lock:
+            self._pending.discard(future)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the deletes asked for so far."""
+        with self._lock:
+            pending = list(self._pending)
+        wait_for(pending, timeout)
 
     def delete_now(self, key: str, what: str) -> None:
         try:

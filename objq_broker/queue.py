@@ -522,7 +522,8 @@ class Queue:
         return self.engine.metrics
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every operation submitted so far is durable."""
+        """Wait until every operation submitted so far is durable (and the objects its
+        commits freed are deleted)."""
         self.engine.flush(timeout)
 
     def close(self) -> None:

@@ -43,6 +43,7 @@ def test_staged_rows_become_jobs_that_read_their_bodies_and_free_them() -> None:
         assert store.list("staging/") == ["staging/w1/0.json", "staging/w1/1.json"]
         queue.ack(deliveries[1])
         queue.ack(deliveries[2])
+        queue.flush()  # (the deletes run in the background)
         assert store.list("staging/") == []
 
 
