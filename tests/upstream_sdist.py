@@ -89,7 +89,7 @@ def write_if_changed(path: Path, text: str) -> None:
 
 
 #: Outcomes a suite report counts, in the order a summary lists them.
-OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "deselected")
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "deselected")
 
 
 @dataclass

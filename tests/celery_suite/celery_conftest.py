@@ -61,12 +61,17 @@ DESELECT: dict[str, str] = {
 
 #: test class::test name -> the objq transport defect it shows. These run as strict xfails: the
 #: run stays green while the defect is known, and turns red the day the test passes.
-EXPECTED_FAILURES: dict[str, str] = {
+EXPECTED_FAILURES: dict[str, str] = {}
+
+#: test class::test name -> why it passes or fails by timing on objq. These run as non-strict
+#: xfails: either outcome is reported, neither fails the run.
+TIMING_DEPENDENT: dict[str, str] = {
     "test_tasks::test_revoked_by_headers_simple_canvas": (
         "the revoke_by_stamped_headers broadcast (to the worker's pidbox queue) is published "
-        "just before the task (to the celery queue), but the worker runs the task before it "
-        "handles the broadcast: messages of different queues are not handed out in publish "
-        "order (passes on Celery's Redis transport)"
+        "just before the task (to the celery queue). Each queue is claimed by its own channel, "
+        "and nothing orders claims across channels, so the worker may run the task before it "
+        "handles the broadcast. On the event-loop transport it passes in some runs and fails "
+        "in others (on Celery's Redis transport it passes)"
     ),
 }
 
@@ -93,6 +98,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if key in EXPECTED_FAILURES:
             item.add_marker(pytest.mark.xfail(reason=EXPECTED_FAILURES[key], strict=True))
             matched.add(key)
+        if key in TIMING_DEPENDENT:
+            item.add_marker(pytest.mark.xfail(reason=TIMING_DEPENDENT[key], strict=False))
+            matched.add(key)
         if key in DESELECT:
             dropped.append(item)
             matched.add(key)
@@ -101,7 +109,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
-    config.stash[_unmatched_key] = sorted((set(DESELECT) | set(EXPECTED_FAILURES)) - matched)
+    listed = set(DESELECT) | set(EXPECTED_FAILURES) | set(TIMING_DEPENDENT)
+    config.stash[_unmatched_key] = sorted(listed - matched)
 
 
 _unmatched_key = pytest.StashKey[list[str]]()
@@ -167,6 +176,7 @@ class _Report:
                     "unmatched_deselects": session.config.stash.get(_unmatched_key, []),
                     "deselect_reasons": DESELECT,
                     "expected_failures": EXPECTED_FAILURES,
+                    "timing_dependent": TIMING_DEPENDENT,
                     "slowest": [
                         {"nodeid": n, "seconds": round(s, 2)}
                         for n, s in self.seconds.most_common(15)
