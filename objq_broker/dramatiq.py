@@ -430,8 +430,7 @@ class _ObjqConsumer(dramatiq.Consumer):
         except (StorageError, QueueClosed) as exc:
             self._ahead, self._asked = None, 0
             raise ConnectionClosed(exc) from exc
-        found = self.client.fill_deliveries(found)
-        with self._lock:
+        with self._lock:  # (payloads already loaded: the claim went through then_fill)
             self._fill(found, self._asked, starved=not self._cache)
             self._ahead, self._asked = None, 0
 

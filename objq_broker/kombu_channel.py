@@ -389,15 +389,16 @@ class Channel(virtual.Channel):
     def _claim(self, queues: list[str], n: int, no_ack: set[str]) -> list[_Raw]:
         """Lease up to ``n`` messages now; returns (raw kombu message, queue) pairs."""
         lease = self.settings.visibility_timeout
-        found = self.client.submit_claim_many(queues, max(n, 1), lease=lease).result()
-        return self._accept(found, no_ack)
+        claim = self.client.submit_claim_many(queues, max(n, 1), lease=lease)
+        return self._accept(self.client.then_fill(claim).result(), no_ack)
 
     def _accept(self, found: list[Delivery], no_ack: set[str]) -> list[_Raw]:
-        """Turn claimed deliveries into kombu messages held by this channel."""
+        """Turn claimed deliveries, their payloads loaded (``Queue.then_fill``), into kombu
+        messages held by this channel."""
         client = self.client
         got: list[_Raw] = []
         now = time.time()
-        for delivery in client.fill_deliveries(found):
+        for delivery in found:
             raw = loads(delivery.payload)
             props = raw.setdefault("properties", {})
             if _expired(props, delivery.job.enqueued_at, now):

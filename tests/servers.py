@@ -108,6 +108,17 @@ def create_s3_bucket(endpoint: str, bucket: str) -> None:
         client.close()
 
 
+def terminate(process: subprocess.Popen[bytes], grace_seconds: float) -> None:
+    """Stop a server process: SIGTERM, then SIGKILL if it is still running after the grace."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=grace_seconds)
+
+
 # --- fake-gcs-server ---------------------------------------------------------------------------
 
 
@@ -122,13 +133,7 @@ class FakeGCSServer:
 
     def stop(self) -> None:
         """Terminate the process this helper started, and close its log."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        terminate(self.process, grace_seconds=5)
         self._log.close()
 
 
@@ -243,13 +248,7 @@ class RedisServer:
             client.close()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        terminate(self.process, grace_seconds=10)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

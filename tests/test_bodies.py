@@ -80,13 +80,18 @@ def test_purge_drops_the_bodies_objects() -> None:
     assert store.list(BODIES_PREFIX) == []
 
 
-def test_a_missing_bodies_object_is_a_clear_error(tmp_path: Path) -> None:
-    url = tmp_path.as_uri()
+def _enqueue_with_its_body_missing(url: str) -> None:
+    """One large job in ``url``'s queue "q", whose bodies object is then deleted."""
     with Queue(url) as queue:
         queue.enqueue("q", BIG)
     store = open_store(url)
     [key] = store.list(BODIES_PREFIX)
     store.delete(key)
+
+
+def test_a_missing_bodies_object_is_a_clear_error(tmp_path: Path) -> None:
+    url = tmp_path.as_uri()
+    _enqueue_with_its_body_missing(url)
     with Queue(url) as queue, pytest.raises(StateCorrupt, match="missing"):
         queue.claim("q")
 
@@ -119,11 +124,7 @@ def test_a_claim_filled_off_the_callers_thread_reads_other_processes_bodies(
 
 def test_a_missing_body_fails_the_filled_claim_with_the_state_error(tmp_path: Path) -> None:
     url = tmp_path.as_uri()
-    with Queue(url) as producer:
-        producer.enqueue("q", BIG)
-    store = open_store(url)
-    [key] = store.list(BODIES_PREFIX)
-    store.delete(key)
+    _enqueue_with_its_body_missing(url)
     with Queue(url) as consumer:
         filled = consumer.then_fill(consumer.submit_claim_many(["q"], 1))
         with pytest.raises(StateCorrupt, match="missing"):

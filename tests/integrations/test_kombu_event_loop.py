@@ -11,7 +11,6 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import kombu
@@ -22,26 +21,6 @@ import objq_broker.kombu  # noqa: F401  (registers the objq+... URLs)
 from objq_broker import Queue
 
 OPTIONS = {"visibility_timeout": 30.0, "polling_interval": 0.05}
-
-
-@pytest.fixture
-def store_url(tmp_path: Path) -> str:
-    return (tmp_path / "objq").as_uri()
-
-
-@pytest.fixture
-def connect(store_url: str) -> Iterator[Callable[[], kombu.Connection]]:
-    opened: list[kombu.Connection] = []
-
-    def make() -> kombu.Connection:
-        conn = kombu.Connection(f"objq+{store_url}", transport_options=dict(OPTIONS))
-        conn.connect()
-        opened.append(conn)
-        return conn
-
-    yield make
-    for conn in opened:
-        conn.close()
 
 
 @pytest.fixture
@@ -84,7 +63,7 @@ def take_all(conn: kombu.Connection, queue: str) -> list[int]:
 
 
 def test_a_message_published_later_reaches_an_idle_consumer(connect: Any, hub: Hub) -> None:
-    consumer_conn, producer_conn = connect(), connect()
+    consumer_conn, producer_conn = connect(**OPTIONS), connect(**OPTIONS)
     got: list[int] = []
 
     def on_message(body: Any, message: Any) -> None:
@@ -102,7 +81,7 @@ def test_a_message_published_later_reaches_an_idle_consumer(connect: Any, hub: H
 
 
 def test_the_prefetch_window_bounds_deliveries_until_acks_open_it(connect: Any, hub: Hub) -> None:
-    conn = connect()
+    conn = connect(**OPTIONS)
     publish(conn, "window", 30)
     unacked: list[Any] = []
     got: list[int] = []
@@ -133,7 +112,7 @@ def test_the_prefetch_window_bounds_deliveries_until_acks_open_it(connect: Any, 
 def test_claimed_ahead_messages_are_given_back_while_the_window_stays_shut(
     connect: Any, hub: Hub, store_url: str
 ) -> None:
-    conn, other = connect(), connect()
+    conn, other = connect(**OPTIONS), connect(**OPTIONS)
     publish(conn, "hoard", 60)
     got: list[int] = []
 
@@ -157,7 +136,7 @@ def test_claimed_ahead_messages_are_given_back_while_the_window_stays_shut(
 
 
 def test_a_no_ack_consumer_settles_on_delivery(connect: Any, hub: Hub, store_url: str) -> None:
-    conn = connect()
+    conn = connect(**OPTIONS)
     publish(conn, "noack", 12)
     got: list[int] = []
     queue = kombu.Queue("noack", routing_key="noack")
@@ -175,7 +154,7 @@ def test_a_no_ack_consumer_settles_on_delivery(connect: Any, hub: Hub, store_url
 
 
 def test_closing_the_connection_leaves_the_loop(connect: Any, hub: Hub) -> None:
-    conn = connect()
+    conn = connect(**OPTIONS)
     readers_before = set(hub.readers)
     timers_before = live_timers(hub)
     with kombu.Consumer(conn, [kombu.Queue("leave", routing_key="leave")], callbacks=[]):
@@ -190,35 +169,30 @@ def test_closing_the_connection_leaves_the_loop(connect: Any, hub: Hub) -> None:
 
 
 def test_a_forked_child_closing_its_loop_does_not_silence_the_parent(
-    store_url: str, hub: Hub
+    connect: Any, hub: Hub
 ) -> None:
     # A polling interval far longer than the test: only wakeups can deliver in time.
-    options = {**OPTIONS, "polling_interval": 30.0}
-    conn = kombu.Connection(f"objq+{store_url}", transport_options=options)
+    conn = connect(**{**OPTIONS, "polling_interval": 30.0})
     got: list[Any] = []
-    try:
-        conn.connect()
-        publish(conn, "forked", 3)
-        queue = kombu.Queue("forked", routing_key="forked")
-        consumer = kombu.Consumer(
-            conn, [queue], callbacks=[lambda body, message: got.append(message)], prefetch_count=1
-        )
-        with consumer:
-            conn.register_with_event_loop(hub)
-            run_until(hub, lambda: len(got) == 1, within=10)
-            assert len(got) == 1
-            hub.run_once()  # the loop's poller exists before the fork, as in a worker
-            with warnings.catch_warnings():  # Python 3.12+ warns on fork with threads running
-                warnings.simplefilter("ignore", DeprecationWarning)
-                child = os.fork()
-            if child == 0:  # what a prefork pool child may do with its copy of the loop
-                hub.close()
-                os._exit(0)
-            os.waitpid(child, 0)
-            for expected in (2, 3):
-                got[-1].ack()  # a wakeup: the window opened
-                run_until(hub, lambda: len(got) == expected, within=3)
-                assert len(got) == expected, "the ack's wakeup was lost after the fork"
-            got[-1].ack()
-    finally:
-        conn.close()
+    publish(conn, "forked", 3)
+    queue = kombu.Queue("forked", routing_key="forked")
+    consumer = kombu.Consumer(
+        conn, [queue], callbacks=[lambda body, message: got.append(message)], prefetch_count=1
+    )
+    with consumer:
+        conn.register_with_event_loop(hub)
+        run_until(hub, lambda: len(got) == 1, within=10)
+        assert len(got) == 1
+        hub.run_once()  # the loop's poller exists before the fork, as in a worker
+        with warnings.catch_warnings():  # Python 3.12+ warns on fork with threads running
+            warnings.simplefilter("ignore", DeprecationWarning)
+            child = os.fork()
+        if child == 0:  # what a prefork pool child may do with its copy of the loop
+            hub.close()
+            os._exit(0)
+        os.waitpid(child, 0)
+        for expected in (2, 3):
+            got[-1].ack()  # a wakeup: the window opened
+            run_until(hub, lambda: len(got) == expected, within=3)
+            assert len(got) == expected, "the ack's wakeup was lost after the fork"
+        got[-1].ack()

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,26 +26,6 @@ from objq_broker.kombu import Transport
 ROOT = Path(__file__).resolve().parents[2]
 #: Short leases so expiry shows within a test; the heartbeat runs at a third of it.
 SHORT_LEASE = {"visibility_timeout": 1.0, "polling_interval": 0.05}
-
-
-@pytest.fixture
-def store_url(tmp_path: Path) -> str:
-    return (tmp_path / "objq").as_uri()
-
-
-@pytest.fixture
-def connect(store_url: str) -> Iterator[Any]:
-    opened: list[kombu.Connection] = []
-
-    def make(**options: Any) -> kombu.Connection:
-        conn = kombu.Connection(f"objq+{store_url}", transport_options=options)
-        conn.connect()
-        opened.append(conn)
-        return conn
-
-    yield make
-    for conn in opened:
-        conn.close()
 
 
 def publish(conn: kombu.Connection, queue: str, *bodies: Any, **kwargs: Any) -> None:
