@@ -56,6 +56,8 @@ from provenance import objq_revision
 
 import objq_broker.kombu  # noqa: F401  (registers the objq+... broker URLs)
 from objq_broker import Queue
+from objq_broker.engine.snapshot import Snapshot
+from objq_broker.storage import open_store
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -152,9 +154,11 @@ def objq_pending(store_url: str) -> Callable[[], int]:
 
 def objq_commits(store_url: str) -> Callable[[], int]:
     def commits() -> int:
-        with Queue(store_url) as queue:
-            version: int = queue.submit(lambda state, now: state.doc.version, latest=True).result()
-            return version
+        store = open_store(store_url)
+        try:
+            return Snapshot.read(store).version
+        finally:
+            store.close()
 
     return commits
 

@@ -21,9 +21,9 @@ from objq_broker.errors import (
     QueueNotFound,
     StateCorrupt,
 )
+from objq_broker.model.records import Job, QueueConfig
+from objq_broker.model.state import QueueStats
 from objq_broker.queue import Delivery, Queue
-from objq_broker.records import Job, QueueConfig
-from objq_broker.state import QueueStats
 from objq_broker.storage import open_store
 
 try:

@@ -1,7 +1,10 @@
-"""``AsyncQueue``: the asyncio face of :class:`~objq_broker.queue.Queue`.
+"""``AsyncQueue``: the asyncio face of :class:`~objq_broker.queue.Queue`, with the same methods.
 
-The engine's writer is a thread either way (one boto3 client, one commit loop); the coroutines
-here await its futures without blocking the event loop.
+Both build their operations with :mod:`objq_broker.ops` and submit them to the same committer
+(``Queue`` is the one that owns it), so they cannot drift apart; a test holds their method lists
+equal. The engine's writer is a thread either way: storage calls are synchronous SDK calls (one
+boto3 client, one commit loop), and the coroutines here await its futures without blocking the
+event loop. A claim with a timeout wakes on the next local commit, as ``Queue.claim`` does.
 """
 
 from __future__ import annotations
@@ -9,23 +12,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
-from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from objq_broker.engine import EngineMetrics
-from objq_broker.queue import Delay, Delivery, Queue
-from objq_broker.records import Job, QueueConfig
-from objq_broker.state import QueueStats
+from objq_broker import ops
+from objq_broker.engine.commit import EngineMetrics
+from objq_broker.model.ops import DeadLetters, Expire, FindJob, GetConfig, Op, QueueNames
+from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
+from objq_broker.model.state import QueueStats, StagedBodies
+from objq_broker.queue import Delay, Delivery, Queue, heartbeat_interval
 from objq_broker.storage import ObjectStore
 
 T = TypeVar("T")
 log = logging.getLogger("objq_broker.aio")
-
-
-async def _wait(future: Future[T]) -> T:
-    return await asyncio.wrap_future(future)
 
 
 def _out_of_line(jobs: Iterable[Job]) -> bool:
@@ -55,7 +56,12 @@ class AsyncQueue:
         **options: Any,
     ) -> None:
         extra = {} if poll_seconds is None else {"poll_seconds": poll_seconds}
+        #: The synchronous queue whose committer this one shares.
         self.sync = Queue(url, store=store, owner=owner, **extra, **options)
+        self._commits = 0
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._lock = threading.Lock()
+        self.sync.committer.on_commit(self._on_commit)
 
     def __repr__(self) -> str:
         return f"AsyncQueue({self.sync.store.url!r})"
@@ -66,11 +72,41 @@ class AsyncQueue:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def _run(self, op: Op[T]) -> T:
+        return await asyncio.wrap_future(self.sync.submit(op))
+
+    async def _filled(self, jobs: list[Job]) -> list[Job]:
+        if not _out_of_line(jobs):
+            return jobs
+        return await asyncio.to_thread(lambda: [self.sync.fill(job) for job in jobs])
+
+    def _on_commit(self) -> None:
+        """On the writer thread after each commit: wake the claims waiting for one."""
+        with self._lock:
+            self._commits += 1
+            waiters = list(self._waiters)
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop has closed meanwhile
+                loop.call_soon_threadsafe(event.set)
+
+    # --- queues ----------------------------------------------------------------------------
+
     async def declare(self, queue: str, **config: Any) -> bool:
-        return await _wait(self.sync.submit_declare(queue, **config))
+        return await self._run(ops.declare(queue, config))
 
     async def configure(self, queue: str, **changes: float) -> QueueConfig:
-        return await _wait(self.sync.submit(lambda s, now: s.configure(queue, dict(changes))))
+        return await self._run(ops.configure(queue, changes))
+
+    async def config(self, queue: str) -> QueueConfig:
+        return await self._run(GetConfig(ops.queue_name(queue)))
+
+    async def purge(self, queue: str) -> int:
+        return await self._run(ops.purge(queue))
+
+    async def delete_queue(self, queue: str) -> int:
+        return await self._run(ops.delete_queue(queue))
+
+    # --- producing -------------------------------------------------------------------------
 
     async def enqueue(
         self,
@@ -82,17 +118,12 @@ class AsyncQueue:
         max_attempts: int | None = None,
         key: str | None = None,
     ) -> Job:
-        [job] = await _wait(
-            self.sync.submit_enqueue(
-                queue,
-                [payload],
-                priority=priority,
-                delay=delay,
-                max_attempts=max_attempts,
-                keys=None if key is None else [key],
-            )
+        keys = None if key is None else [key]
+        op = ops.enqueue(
+            queue, [payload], priority=priority, delay=delay, max_attempts=max_attempts, keys=keys
         )
-        return job if not _out_of_line([job]) else await asyncio.to_thread(self.sync.fill, job)
+        [job] = await self._filled(await self._run(op))
+        return job
 
     async def enqueue_many(
         self,
@@ -104,19 +135,32 @@ class AsyncQueue:
         max_attempts: int | None = None,
         keys: Sequence[str | None] | None = None,
     ) -> list[Job]:
-        jobs = await _wait(
-            self.sync.submit_enqueue(
-                queue,
-                payloads,
-                priority=priority,
-                delay=delay,
-                max_attempts=max_attempts,
-                keys=keys,
-            )
+        op = ops.enqueue(
+            queue, payloads, priority=priority, delay=delay, max_attempts=max_attempts, keys=keys
         )
-        if not _out_of_line(jobs):
-            return jobs
-        return await asyncio.to_thread(lambda: [self.sync.fill(job) for job in jobs])
+        return await self._filled(await self._run(op))
+
+    async def enqueue_staged(
+        self,
+        queue: str,
+        staged: Sequence[StagedBodies],
+        *,
+        write_id: str,
+        priority: int = 0,
+        delay: Delay = None,
+        max_attempts: int | None = None,
+    ) -> int | None:
+        op = ops.enqueue_staged(
+            queue,
+            staged,
+            write_id=write_id,
+            priority=priority,
+            delay=delay,
+            max_attempts=max_attempts,
+        )
+        return await self._run(op)
+
+    # --- consuming -------------------------------------------------------------------------
 
     async def claim(
         self,
@@ -128,16 +172,38 @@ class AsyncQueue:
         timeout: float | None = None,
     ) -> list[Delivery]:
         end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            found = await _wait(self.sync.submit_claim(queue, n, lease=lease, owner=owner))
-            if found and _out_of_line(d.job for d in found):
-                found = await asyncio.to_thread(self.sync.fill_deliveries, found)
-            if found or end is None or time.monotonic() >= end:
-                return found
-            await asyncio.sleep(min(self.sync.poll_seconds, max(end - time.monotonic(), 0.0)))
+        event = asyncio.Event()
+        waiter = (asyncio.get_running_loop(), event)
+        with self._lock:
+            self._waiters.add(waiter)
+        try:
+            while True:
+                seen = self._commits
+                claim = self.sync.submit_claim(queue, n, lease=lease, owner=owner)
+                found = await asyncio.wrap_future(claim)
+                if found and _out_of_line(d.job for d in found):
+                    found = await asyncio.to_thread(self.sync.fill_deliveries, found)
+                if found or end is None or time.monotonic() >= end:
+                    return found
+                await self._next_commit(seen + 1, event, end)
+        finally:
+            with self._lock:
+                self._waiters.discard(waiter)
+
+    async def _next_commit(self, after: int, event: asyncio.Event, end: float) -> None:
+        """Wait for a commit past ``after`` (a later local enqueue, say), the poll interval
+        (another process's commit), or ``end``."""
+        until = min(end, time.monotonic() + self.sync.poll_seconds)
+        while self._commits <= after:
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return
+            event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining)
 
     async def ack(self, delivery: Delivery) -> None:
-        await _wait(self.sync.submit_ack(delivery))
+        await self._run(ops.ack(delivery))
 
     async def nack(
         self,
@@ -146,23 +212,21 @@ class AsyncQueue:
         error: str | None = None,
         retry: bool = True,
         delay: Delay = None,
-    ) -> str:
-        return await _wait(self.sync.submit_nack(delivery, error=error, retry=retry, delay=delay))
+    ) -> NackResult:
+        return await self._run(ops.nack(delivery, error=error, retry=retry, delay=delay))
 
     async def heartbeat(self, deliveries: Sequence[Delivery], *, lease: Delay = None) -> list[bool]:
-        return await _wait(self.sync.submit_heartbeat(deliveries, lease=lease))
+        return await self._run(ops.heartbeat(deliveries, lease=lease))
 
     async def release(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        return await _wait(self.sync.submit_release(deliveries))
+        return await self._run(ops.release(deliveries))
 
     @contextlib.asynccontextmanager
     async def keep_alive(
         self, deliveries: Sequence[Delivery], *, every: float | None = None
     ) -> AsyncIterator[None]:
         """Heartbeat ``deliveries`` from a background task while the block runs."""
-        lease = deliveries[0].job.lease if deliveries else None
-        span = (lease.expires_at - time.time()) if lease is not None else 30.0
-        interval = every if every is not None else max(span / 3.0, 0.05)
+        interval = heartbeat_interval(deliveries, every)
 
         async def beat() -> None:
             while True:
@@ -181,34 +245,45 @@ class AsyncQueue:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    async def queues(self) -> list[str]:
-        return await _wait(self.sync.submit(lambda s, now: s.queue_names(), latest=True))
-
-    async def stats(self, queue: str) -> QueueStats:
-        return await _wait(self.sync.submit(lambda s, now: s.stats(queue, now), latest=True))
-
-    async def job(self, job_id: str) -> tuple[str, Job] | None:
-        found = await _wait(self.sync.submit(lambda s, now: s.find(job_id, now), latest=True))
-        if found is None or not _out_of_line([found[1]]):
-            return found
-        return found[0], await asyncio.to_thread(self.sync.fill, found[1])
+    # --- dead letters ----------------------------------------------------------------------
 
     async def dead_letters(self, queue: str) -> list[Job]:
-        dead = await _wait(self.sync.submit(lambda s, now: s.dead_letters(queue), latest=True))
-        if not _out_of_line(dead):
-            return dead
-        return await asyncio.to_thread(lambda: [self.sync.fill(job) for job in dead])
+        return await self._filled(await self._run(DeadLetters(ops.queue_name(queue))))
 
     async def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> list[str]:
-        chosen = None if ids is None else list(ids)
-        return await _wait(self.sync.submit(lambda s, now: s.retry_dead(queue, chosen, now)))
+        return await self._run(ops.retry_dead(queue, ids))
 
     async def purge_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
-        chosen = None if ids is None else list(ids)
-        return await _wait(self.sync.submit(lambda s, now: s.purge_dead(queue, chosen)))
+        return await self._run(ops.purge_dead(queue, ids))
 
-    async def purge(self, queue: str) -> int:
-        return await _wait(self.sync.submit(lambda s, now: s.purge(queue)))
+    # --- inspecting ------------------------------------------------------------------------
+
+    async def queues(self) -> list[str]:
+        return await self._run(QueueNames())
+
+    async def stats(self, queue: str) -> QueueStats:
+        [found] = await self.stats_many([queue])
+        return found
+
+    async def stats_many(self, queues: Sequence[str]) -> list[QueueStats]:
+        return await self._run(ops.stats(queues))
+
+    async def job(self, job_id: str) -> tuple[JobState, Job] | None:
+        found = await self._run(FindJob(job_id))
+        if found is None:
+            return None
+        [job] = await self._filled([found[1]])
+        return found[0], job
+
+    async def jobs(
+        self, queue: str, *, state: JobState | None = None, limit: int | None = None
+    ) -> list[tuple[JobState, Job]]:
+        rows = await self._run(ops.list_jobs(queue, state, limit))
+        filled = await self._filled([job for _, job in rows])
+        return [(where, job) for (where, _), job in zip(rows, filled, strict=True)]
+
+    async def expire(self) -> int:
+        return await self._run(Expire())
 
     def metrics(self) -> EngineMetrics:
         return self.sync.metrics()

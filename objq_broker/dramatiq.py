@@ -270,9 +270,7 @@ class ObjqBroker(dramatiq.Broker):
     def _busy(self, names: tuple[str, ...]) -> bool:
         """Whether any of ``names`` holds a message, read from one state: a message moving
         from the delay queue to its queue between two reads would otherwise be missed."""
-        every = self.client.submit(
-            lambda state, now: [state.stats(name, now) for name in names], latest=True
-        ).result()
+        every = self.client.stats_many(names)
         return any(stats.ready + stats.delayed + stats.in_flight > 0 for stats in every)
 
     def _raise_failure(self, queue_name: str) -> None:
@@ -488,7 +486,7 @@ class _ObjqConsumer(dramatiq.Consumer):
             self._closed = True
             self._room.notify_all()
         try:
-            self._harvest(timeout=self.client.engine.commit_deadline_seconds)
+            self._harvest(timeout=self.client.commit_deadline_seconds)
         except ConnectionClosed as exc:
             log.warning("a claim made ahead failed while closing: %s", exc)
         with self._lock:

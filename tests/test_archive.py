@@ -7,9 +7,15 @@ from datetime import UTC, datetime
 import pytest
 
 from objq_broker import Queue
-from objq_broker.archive import archive_key, archive_keys, iter_archive, key_hour, read_archive
+from objq_broker.engine.archive import (
+    archive_key,
+    archive_keys,
+    iter_archive,
+    key_hour,
+    read_archive,
+)
 from objq_broker.errors import StateCorrupt
-from objq_broker.records import ArchiveRecord, Job, encode_archive
+from objq_broker.model.records import ArchiveRecord, Job, encode_archive
 from objq_broker.storage import MemoryStore
 
 

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from objq_broker import Queue, StateCorrupt
-from objq_broker.bodies import BODIES_PREFIX, INLINE_MAX_BYTES, BodyCache, encode_bodies
+from objq_broker import Queue, StateCorrupt, ops
 from objq_broker.engine import STATE_KEY
-from objq_broker.records import decode_archive, decode_state
+from objq_broker.engine.bodies import BodyCache
+from objq_broker.model.bodies import BODIES_PREFIX, INLINE_MAX_BYTES, encode_bodies
+from objq_broker.model.records import decode_archive, decode_state
 from objq_broker.storage import MemoryStore, open_store
 
 BIG = b"B" * (INLINE_MAX_BYTES + 1)
@@ -66,7 +67,7 @@ def test_a_job_enqueued_and_finished_in_one_batch_writes_no_bodies_object() -> N
         [delivery] = queue.claim("q")
         queue.ack(delivery)
         # Given a job whose enqueue and ack share a commit
-        enqueue = queue.submit_enqueue("q", [BIG])
+        enqueue = queue.submit(ops.enqueue("q", [BIG]))
         enqueue.result()
     assert len(store.list(BODIES_PREFIX)) == 1  # only the second, still queued job's
 
@@ -114,7 +115,7 @@ def test_a_claim_filled_off_the_callers_thread_reads_other_processes_bodies(
             producer.enqueue("q", BIG + bytes([n]))
     assert len(open_store(url).list(BODIES_PREFIX)) == 30
     with Queue(url) as consumer:
-        filled = consumer.then_fill(consumer.submit_claim_many(["q"], 30)).result(10)
+        filled = consumer.then_fill(consumer.submit_claim(["q"], 30)).result(10)
         assert all(d.job.body for d in filled)  # loaded before anyone asks for a payload
         assert sorted(d.payload for d in filled) == sorted(BIG + bytes([n]) for n in range(30))
         for delivery in filled:
@@ -126,7 +127,7 @@ def test_a_missing_body_fails_the_filled_claim_with_the_state_error(tmp_path: Pa
     url = tmp_path.as_uri()
     _enqueue_with_its_body_missing(url)
     with Queue(url) as consumer:
-        filled = consumer.then_fill(consumer.submit_claim_many(["q"], 1))
+        filled = consumer.then_fill(consumer.submit_claim(["q"], 1))
         with pytest.raises(StateCorrupt, match="missing"):
             filled.result(10)
 

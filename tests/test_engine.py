@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from objq_broker import Queue
+from objq_broker import Queue, ops
 from objq_broker.engine import STATE_KEY, Engine
 from objq_broker.errors import LeaseLost, QueueNotFound, StateCorrupt, StorageError
-from objq_broker.records import decode_archive, decode_state
+from objq_broker.model.ops import Declare
+from objq_broker.model.records import decode_archive, decode_state
 from objq_broker.storage import MemoryStore, open_store
 from objq_broker.storage.faulty import FaultyStore
 
@@ -54,8 +55,8 @@ def test_one_refused_op_fails_alone() -> None:
         queue.enqueue("q", b"a")
         [delivery] = queue.claim("q")
         queue.ack(delivery)
-        stale = queue.submit_ack(delivery)
-        fresh = queue.submit_enqueue("q", [b"b"])
+        stale = queue.submit(ops.ack(delivery))
+        fresh = queue.submit(ops.enqueue("q", [b"b"]))
         with pytest.raises(LeaseLost):
             stale.result()
         assert len(fresh.result()) == 1
@@ -222,7 +223,7 @@ def test_stale_leases_expire_on_the_idle_timer() -> None:
 def test_writer_with_an_older_epoch_is_fenced() -> None:
     store = MemoryStore("fencing")
     new = Engine(store, epoch=2)
-    new.call(lambda state, now: state.declare("q"))
+    new.call(Declare("q"))
     new.close()
     with Queue(store=store, epoch=1) as old:
         from objq_broker.errors import WriterFenced

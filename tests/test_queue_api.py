@@ -130,7 +130,7 @@ def test_bad_arguments_are_refused_clearly(queue: Queue) -> None:
         queue.enqueue("q", "text")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="queue name"):
         queue.enqueue("a/b", b"x")
-    with pytest.raises(ConfigurationError, match="n must be >= 1"):
+    with pytest.raises(ConfigurationError, match="n: expected int >= 1, found 0"):
         queue.claim("q", 0)
     with pytest.raises(ConfigurationError, match="unknown setting"):
         queue.declare("q2")

@@ -38,8 +38,8 @@ from hypothesis.stateful import (
 )
 
 from objq_broker.errors import JobNotFound, LeaseLost, QueueNotFound
-from objq_broker.records import QueueConfig, StateDoc, decode_state, encode_state
-from objq_broker.state import NewJob, QueueState, retry_delay
+from objq_broker.model.records import QueueConfig, StateDoc, decode_state, encode_state
+from objq_broker.model.state import NewJob, QueueState, retry_delay
 
 #: Queues declared up front, with short leases and windows so that time jumps reach them.
 DECLARED = {

@@ -9,7 +9,6 @@ from typing import Any, NoReturn
 
 import pytest
 
-from objq_broker import state as state_module
 from objq_broker.errors import (
     ConfigurationError,
     JobNotFound,
@@ -17,8 +16,9 @@ from objq_broker.errors import (
     QueueNotFound,
     StateCorrupt,
 )
-from objq_broker.records import Job, QueueConfig, decode_state, encode_payload, encode_state
-from objq_broker.state import NewJob, QueueState, check_queue_name, retry_delay
+from objq_broker.model import state as state_module
+from objq_broker.model.records import Job, QueueConfig, decode_state, encode_payload, encode_state
+from objq_broker.model.state import NewJob, QueueState, check_queue_name, retry_delay
 
 T0 = 1_000.0
 #: Short settings, so that the times in these tests read easily.
@@ -180,7 +180,7 @@ def test_retry_dead_of_an_unknown_id_raises_job_not_found_and_changes_nothing() 
 
 
 class CountingHeapq:
-    """Stands in for ``heapq`` inside ``objq_broker.state`` and counts heap operations."""
+    """Stands in for ``heapq`` inside ``objq_broker.model.state`` and counts heap operations."""
 
     def __init__(self) -> None:
         self.pushes = 0

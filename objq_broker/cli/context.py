@@ -5,13 +5,30 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from objq_broker.cli.output import UsageError, print_json
-from objq_broker.cli.snapshot import Snapshot, open_existing
-from objq_broker.options import URL_ENV
+from objq_broker.engine.options import URL_ENV
+from objq_broker.engine.snapshot import Snapshot
+from objq_broker.errors import BucketNotFound
 from objq_broker.queue import Queue
 from objq_broker.storage import ObjectStore, open_store
+
+
+def open_existing(url: str) -> ObjectStore:
+    """Open ``url``, refusing a local directory that does not exist (a file store would
+    create it, and a typo would then look like an empty queue)."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() == "file":
+        folder = Path(parts.netloc + parts.path)
+        if parts.netloc + parts.path and not folder.is_dir():
+            raise BucketNotFound(
+                f"file store {str(folder.absolute())!r}: expected an existing directory, "
+                "found none (objq enqueue or objq demo creates one)"
+            )
+    return open_store(url)
 
 
 @dataclass

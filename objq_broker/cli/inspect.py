@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,9 +13,10 @@ import msgspec
 
 from objq_broker.cli.context import Context
 from objq_broker.cli.output import UsageError, age, print_json, size, table, when
-from objq_broker.cli.snapshot import Snapshot, job_dict, payload_fields, payload_preview
+from objq_broker.cli.render import job_dict, payload_fields, payload_preview
+from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import JobNotFound
-from objq_broker.records import Job, QueueConfig
+from objq_broker.model.records import Job, QueueConfig
 
 #: Units accepted in durations (``90s``, ``15m``, ``2h``, ``7d``).
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -63,10 +65,9 @@ def parse_time(text: str) -> float:
 
 
 def status_dict(snap: Snapshot) -> dict[str, Any]:
-    doc = snap.doc
     queues = []
-    for name in snap.state.queue_names():
-        stats = snap.state.stats(name, snap.read_at)
+    for name in snap.queue_names():
+        stats = snap.stats(name)
         queues.append(
             {
                 "queue": name,
@@ -80,9 +81,9 @@ def status_dict(snap: Snapshot) -> dict[str, Any]:
     return {
         "url": snap.store.url,
         "exists": snap.exists,
-        "version": doc.version,
+        "version": snap.version,
         "size_bytes": snap.size_bytes,
-        "committed_at": doc.committed_at or None,
+        "committed_at": snap.committed_at,
         "read_at": snap.read_at,
         "queues": queues,
     }
@@ -138,7 +139,7 @@ def cmd_status(ctx: Context) -> int:
 
 def cmd_jobs_list(ctx: Context) -> int:
     snap = ctx.snapshot()
-    found = snap.state.list_jobs(ctx.args.queue, snap.read_at, ctx.args.state, ctx.args.limit)
+    found = snap.jobs(ctx.args.queue, ctx.args.state, ctx.args.limit)
     rows = [(state, snap.fill(job)) for state, job in found]
     if ctx.json:
         print_json([job_dict(job, state) for state, job in rows])
@@ -147,7 +148,7 @@ def cmd_jobs_list(ctx: Context) -> int:
     return 0
 
 
-def jobs_table(rows: list[tuple[str, Job]], now: float) -> str:
+def jobs_table(rows: Sequence[tuple[str, Job]], now: float) -> str:
     def note(state: str, job: Job) -> str:
         if state == "delayed":
             return f"in {age(job.visible_at - now)}"
@@ -173,7 +174,7 @@ def jobs_table(rows: list[tuple[str, Job]], now: float) -> str:
 
 def cmd_jobs_show(ctx: Context) -> int:
     snap = ctx.snapshot()
-    found = snap.state.find(ctx.args.id, snap.read_at)
+    found = snap.find(ctx.args.id)
     if found is None:
         raise JobNotFound(
             f"job {ctx.args.id!r}: not in the state of {snap.store.url} (finished jobs are in "
@@ -201,8 +202,8 @@ def cmd_dead_list(ctx: Context) -> int:
 
 def cmd_config_show(ctx: Context) -> int:
     snap = ctx.snapshot()
-    names = [ctx.args.queue] if ctx.args.queue else snap.state.queue_names()
-    configs = {name: snap.state.config(name) for name in names}
+    names = [ctx.args.queue] if ctx.args.queue else snap.queue_names()
+    configs = {name: snap.config(name) for name in names}
     if ctx.json:
         print_json({name: config_dict(config) for name, config in configs.items()})
         return 0
@@ -232,7 +233,7 @@ def _range(ctx: Context) -> tuple[float | None, float | None]:
 
 
 def cmd_archive_list(ctx: Context) -> int:
-    from objq_broker.archive import archive_keys, key_hour
+    from objq_broker.engine.archive import archive_keys, key_hour
 
     since, until = _range(ctx)
     keys = archive_keys(ctx.store(), since, until)
@@ -247,7 +248,7 @@ def cmd_archive_list(ctx: Context) -> int:
 
 def cmd_archive_cat(ctx: Context) -> int:
     """Archive records as JSON lines (``--json`` or not: they are records, not a report)."""
-    from objq_broker.archive import iter_archive
+    from objq_broker.engine.archive import iter_archive
 
     since, until = _range(ctx)
     wanted = ctx.args.queue

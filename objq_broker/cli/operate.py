@@ -199,7 +199,7 @@ def cmd_dead_retry(ctx: Context) -> int:
 def cmd_dead_purge(ctx: Context) -> int:
     ids = _chosen_ids(ctx, "purge")
     snap = ctx.snapshot()
-    count = len(snap.state.dead_letters(ctx.args.queue)) if ids is None else len(ids)
+    count = len(snap.dead_letters(ctx.args.queue)) if ids is None else len(ids)
     confirm(f"delete {count} dead letters of queue {ctx.args.queue!r} for good?", yes=ctx.yes)
     purged = ctx.queue().purge_dead(ctx.args.queue, ids)
     ctx.emit(
@@ -211,7 +211,7 @@ def cmd_dead_purge(ctx: Context) -> int:
 
 def cmd_purge(ctx: Context) -> int:
     snap = ctx.snapshot()
-    stats = snap.state.stats(ctx.args.queue, snap.read_at)
+    stats = snap.stats(ctx.args.queue)
     count = stats.ready + stats.delayed
     confirm(
         f"delete the {count} ready and delayed jobs of queue {ctx.args.queue!r} for good?",

@@ -147,7 +147,7 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     sub.add_argument("--timeout", metavar="SECONDS", help="for jobs that set none")
     sub.add_argument("--burst", action="store_true", help="exit once the queue is empty")
 
-    from objq_broker import demo
+    from objq_broker.cli import demo
 
     sub = _add(commands, common, "demo", demo.cmd_demo, "a few thousand jobs, start to end")
     sub.add_argument("--jobs", type=_positive, default=demo.DEFAULT_JOBS)

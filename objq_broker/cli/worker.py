@@ -149,7 +149,7 @@ class CommandWorker:
             self._waiting.clear()
         if waiting:
             try:
-                released = self.queue.submit_release(waiting).result()
+                released = self.queue.release(waiting) or []
             except ObjqError as exc:
                 log.warning("could not give back %d prefetched jobs: %s", len(waiting), exc)
                 return

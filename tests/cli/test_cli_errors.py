@@ -80,7 +80,7 @@ def test_corrupt_state_is_reported_and_never_overwritten(objq: Objq, file_url: s
         (["enqueue", "q", "--file", "/nonexistent.txt"], 2, ["cannot read '/nonexistent.txt'"]),
         (["enqueue-cmd", "q", "echo", "hi"], 2, ["QUEUE [options] -- COMMAND"]),
         (["config", "set", "q", "colour", "red"], 2, ["setting 'colour'", "max-attempts"]),
-        (["config", "set", "q", "max-attempts", "0"], 2, ["must be a positive number"]),
+        (["config", "set", "q", "max-attempts", "0"], 2, ["max_attempts: expected int >= 1"]),
         (["archive", "cat", "--since", "yesterday-ish"], 2, ["time: expected ISO 8601"]),
         (["dead", "purge", "q", "--all"], 2, ["stdin is not a terminal", "--yes"]),
     ],

@@ -95,9 +95,7 @@ def _wait_drained(url: str, timeout: float) -> None:
         while time.monotonic() < deadline:
             # Both queues from one state: a message moving between them is never missed.
             names = (APP_QUEUE, f"{APP_QUEUE}.DQ")
-            every = queue.submit(
-                lambda state, now: [state.stats(name, now) for name in names], latest=True
-            ).result()
+            every = queue.stats_many(names)
             busy = sum(stats.ready + stats.delayed + stats.in_flight for stats in every)
             if busy == 0:
                 return

@@ -401,4 +401,4 @@ def test_celery_loads_the_transport_by_class_path(store_url: str) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["objq_broker.kombu", "broker_transport"]
+    assert done.stdout.split() == ["objq_broker.kombu.transport", "broker_transport"]

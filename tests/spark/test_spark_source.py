@@ -17,11 +17,11 @@ from pyspark.sql.types import StructType
 from pyspark.sql.utils import AnalysisException
 
 from objq_broker import Queue
-from objq_broker.archive import archive_key
-from objq_broker.bodies import split_ref
 from objq_broker.engine import STATE_KEY
+from objq_broker.engine.archive import archive_key
 from objq_broker.errors import QueueError
-from objq_broker.records import ArchiveRecord, Job, decode_state, encode_archive
+from objq_broker.model.bodies import split_ref
+from objq_broker.model.records import ArchiveRecord, Job, decode_state, encode_archive
 from objq_broker.spark import ObjqDataSource
 from objq_broker.storage import open_store
 

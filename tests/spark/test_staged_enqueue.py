@@ -12,9 +12,9 @@ import pytest
 from kombu.utils.json import loads as kombu_loads
 
 from objq_broker import ConfigurationError, Queue
-from objq_broker.bodies import encode_bodies
-from objq_broker.messages import celery_message, describe, dramatiq_message
-from objq_broker.state import QueueState, StagedBodies
+from objq_broker.model.bodies import encode_bodies
+from objq_broker.model.messages import celery_message, describe, dramatiq_message
+from objq_broker.model.state import QueueState, StagedBodies
 from objq_broker.storage import MemoryStore
 
 

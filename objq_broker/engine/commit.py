@@ -1,9 +1,10 @@
 """The group-commit engine: one writer thread per (process, namespace).
 
-Callers submit operations (pure functions over :class:`~objq_broker.state.QueueState`) and get
-futures. The writer drains everything pending into one batch, applies it to its cached state,
-archives the jobs that finished, writes the state once with ``if_version``, and only then
-resolves the futures. New operations queue up while a write is in flight: that is the batching.
+Callers submit operations (:class:`~objq_broker.model.ops.Op`, data applied to a
+:class:`~objq_broker.model.state.QueueState`) and get futures. The writer drains everything
+pending into one batch, applies it to its cached state, archives the jobs that finished, writes
+the state once with ``if_version``, and only then resolves the futures. New operations queue
+up while a write is in flight: that is the batching.
 
 Failure handling, in order of likelihood:
 
@@ -33,8 +34,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from objq_broker.archive import archive_key
-from objq_broker.bodies import BodyCache, bodies_key, encode_bodies
+from objq_broker.engine.archive import archive_key
+from objq_broker.engine.bodies import BodyCache
+from objq_broker.engine.janitor import Janitor
 from objq_broker.errors import (
     AccessDenied,
     BucketNotFound,
@@ -47,19 +49,19 @@ from objq_broker.errors import (
     StorageError,
     WriterFenced,
 )
-from objq_broker.janitor import Janitor
-from objq_broker.records import (
+from objq_broker.model.bodies import bodies_key, encode_bodies
+from objq_broker.model.ops import Nothing, Op
+from objq_broker.model.records import (
     RECENT_COMMITS,
     ArchiveRecord,
     Job,
     decode_state,
     encode_archive,
 )
-from objq_broker.state import Finished, QueueState
+from objq_broker.model.state import Finished, QueueState
 from objq_broker.storage.base import ObjectStore
 
 T = TypeVar("T")
-Operation = Callable[[QueueState, float], T]
 
 log = logging.getLogger("objq_broker.engine")
 
@@ -102,7 +104,7 @@ class EngineMetrics:
 
 @dataclass(slots=True)
 class _Op:
-    fn: Callable[[QueueState, float], Any]
+    op: Op[Any]
     future: Future[Any]
     fresh: bool
     latest: bool
@@ -124,9 +126,10 @@ class _Attempt:
 class Engine:
     """Batches queue operations into conditional writes of one state object.
 
+    >>> from objq_broker.model.ops import Declare
     >>> from objq_broker.storage import MemoryStore
     >>> engine = Engine(MemoryStore())
-    >>> engine.call(lambda state, now: state.declare("emails"))
+    >>> engine.call(Declare("emails"))
     True
     >>> engine.close()
     """
@@ -184,25 +187,18 @@ class Engine:
 
     # --- public ----------------------------------------------------------------------------
 
-    def submit(
-        self,
-        fn: Operation[T],
-        *,
-        fresh: bool = False,
-        latest: bool = False,
-        size: int = 0,
-        consumer: bool = False,
-    ) -> Future[T]:
-        """Queue ``fn`` for the next commit. ``fresh`` asks for state no older than the
-        staleness bound (claims); ``latest`` for the state as stored now (inspection);
-        ``consumer`` turns on idle lease expiry."""
+    def submit(self, op: Op[T]) -> Future[T]:
+        """Queue ``op`` for the next commit. Its class says how fresh the state must be
+        (``fresh`` for claims, ``latest`` for inspection) and whether its caller consumes
+        (which turns on idle lease expiry)."""
         future: Future[T] = Future()
+        fresh, latest, consumer = op.fresh, op.latest, op.consumer
         with self._cv:
             if self._fenced is not None:
                 raise self._fenced
             if self._closing:
                 raise QueueClosed(f"the engine for {self.store.url} is closed")
-            self._pending.append(_Op(fn, future, fresh or latest, latest, size, consumer))
+            self._pending.append(_Op(op, future, fresh or latest, latest, op.size, consumer))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"objq-writer {self.store.url}", daemon=True
@@ -211,9 +207,9 @@ class Engine:
             self._cv.notify()
         return future
 
-    def call(self, fn: Operation[T], *, latest: bool = True) -> T:
-        """Submit ``fn`` and wait until its effect is durable; return its result."""
-        return self.submit(fn, latest=latest).result()
+    def call(self, op: Op[T]) -> T:
+        """Submit ``op`` and wait until its effect is durable; return its result."""
+        return self.submit(op).result()
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until everything submitted so far is durable (or failed), and the objects
@@ -221,7 +217,7 @@ class Engine:
         with self._cv:
             if self._thread is None:
                 return
-        self.submit(lambda state, now: None).result(timeout)
+        self.submit(Nothing()).result(timeout)
         self._janitor.wait(timeout)
 
     def on_commit(self, listener: Callable[[], None]) -> None:
@@ -414,7 +410,7 @@ class Engine:
         results: list[tuple[_Op, bool, Any]] = []
         for op in ops:
             try:
-                results.append((op, True, op.fn(state, now)))
+                results.append((op, True, op.op.apply(state, now)))
             except ObjqError as exc:
                 # Transitions check before they change anything: the state is intact.
                 results.append((op, False, exc))

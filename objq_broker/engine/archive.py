@@ -2,7 +2,7 @@
 
 Every commit that finishes jobs (acked, or dead-lettered) first writes their records to one
 immutable object ``archive/YYYY/MM/DD/HH/<commit id>.jsonl``, named by the UTC hour of the
-commit, one :class:`~objq_broker.records.ArchiveRecord` per line. The folder names are what
+commit, one :class:`~objq_broker.model.records.ArchiveRecord` per line. The folder names are what
 makes a time-range read cheap: a reader lists only the days it needs and reads only the hours
 it needs.
 
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 from objq_broker.errors import StateCorrupt
-from objq_broker.records import ArchiveRecord, decode_archive
+from objq_broker.model.records import ArchiveRecord, decode_archive
 from objq_broker.storage.base import ObjectStore
 
 #: Folder of the archive of finished jobs.

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from kombu.transport import virtual
 from kombu.utils.json import dumps, loads
 
+from objq_broker import ops
 from objq_broker.errors import QueueClosed, QueueError, QueueNotFound, StorageError
-from objq_broker.kombu_options import TransportSettings
+from objq_broker.kombu.settings import TransportSettings
 from objq_broker.queue import Delivery, Queue
 
 if TYPE_CHECKING:
@@ -224,11 +225,10 @@ class Channel(virtual.Channel):
         payload = dumps(message).encode()
         priority = -self._get_message_priority(message)
         futures = [
-            self.client.submit_enqueue(
-                queue,
-                [payload],
-                priority=priority,
-                max_attempts=self.settings.max_deliveries,
+            self.client.submit(
+                ops.enqueue(
+                    queue, [payload], priority=priority, max_attempts=self.settings.max_deliveries
+                )
             )
             for queue in queues
         ]
@@ -350,7 +350,7 @@ class Channel(virtual.Channel):
         if self._ahead is None:
             self._ahead_size = self._window
             lease = self.settings.visibility_timeout
-            claim = self.client.submit_claim_many(names, self._window, lease=lease)
+            claim = self.client.submit_claim(names, self._window, lease=lease)
             self._ahead = self.client.then_fill(claim)  # payloads read off this thread
             self._ahead.add_done_callback(self._claim_done)
 
@@ -389,7 +389,7 @@ class Channel(virtual.Channel):
     def _claim(self, queues: list[str], n: int, no_ack: set[str]) -> list[_Raw]:
         """Lease up to ``n`` messages now; returns (raw kombu message, queue) pairs."""
         lease = self.settings.visibility_timeout
-        claim = self.client.submit_claim_many(queues, max(n, 1), lease=lease)
+        claim = self.client.submit_claim(queues, max(n, 1), lease=lease)
         return self._accept(self.client.then_fill(claim).result(), no_ack)
 
     def _accept(self, found: list[Delivery], no_ack: set[str]) -> list[_Raw]:
@@ -416,7 +416,7 @@ class Channel(virtual.Channel):
             got.append((raw, delivery.job.queue))
         return got
 
-    # --- evented delivery (kombu's Hub, see objq_broker.kombu_events) ---------------------
+    # --- evented delivery (kombu's Hub, see objq_broker.kombu.events) ---------------------
 
     def pump(self, poll: bool) -> None:
         """Hand claimed messages to the consumers as far as the prefetch window allows, and
@@ -503,7 +503,7 @@ class Channel(virtual.Channel):
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             with contextlib.suppress(Exception):  # a failed claim holds nothing
-                self._accept(ahead.result(self.client.engine.commit_deadline_seconds), set())
+                self._accept(ahead.result(self.client.commit_deadline_seconds), set())
         self._cache.clear()
         with self._held_lock:
             found = list(self._held.values())

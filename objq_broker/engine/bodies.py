@@ -1,12 +1,5 @@
-"""Payload bodies kept out of the state object.
-
-A commit rewrites the whole state, so every byte in it is paid for on every commit. Payloads
-larger than :data:`INLINE_MAX_BYTES` therefore leave it: the commit that adds them first writes
-them, all together, into one immutable object ``bodies/<commit id>.json`` (a JSON list of
-``[body, base64?]`` pairs), and the jobs keep only a reference ``<key>#<index>``. The state
-counts the live jobs of each bodies object; the commit that drops the count to zero deletes
-the object once it has landed.
-"""
+"""Reading payload bodies kept out of the state (see :mod:`objq_broker.model.bodies`), with a
+cache bounded by bytes and parallel reads ahead of a consumer."""
 
 from __future__ import annotations
 
@@ -19,12 +12,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import msgspec
 
 from objq_broker.errors import ObjectNotFound, StateCorrupt
+from objq_broker.model.bodies import BodyEntry, decode_bodies, split_ref
 from objq_broker.storage.base import ObjectStore
 
-#: Payloads up to this size stay inside the state (a separate read would cost more).
-INLINE_MAX_BYTES = 256
-#: Folder of the bodies objects.
-BODIES_PREFIX = "bodies/"
 #: Bytes of decoded bodies a process keeps in memory. A consumer reads the bodies of what it
 #: claims and the commit that finishes those jobs reads them again for the archive, so the
 #: cache must hold every body in flight: a small producer's bodies objects hold one payload
@@ -36,22 +26,7 @@ PREFETCH_THREADS = 8
 
 log = logging.getLogger("objq_broker.bodies")
 
-_Entry = tuple[str, bool]  # (body, is base64)
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(list[tuple[str, bool]])
-
-
-def bodies_key(commit_id: str) -> str:
-    return f"{BODIES_PREFIX}{commit_id}.json"
-
-
-def encode_bodies(entries: list[_Entry]) -> bytes:
-    return _encoder.encode(entries)
-
-
-def split_ref(ref: str) -> tuple[str, int]:
-    key, _, index = ref.rpartition("#")
-    return key, int(index)
+_Entry = BodyEntry
 
 
 class BodyCache:
@@ -109,7 +84,7 @@ class BodyCache:
                 f"{self.store.url}: the state refers to body {ref}, but {key} is missing"
             ) from exc
         try:
-            entries = _decoder.decode(data)
+            entries = decode_bodies(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise StateCorrupt(f"{self.store.url}/{key}: not a bodies object ({exc})") from exc
         self.remember(key, entries)

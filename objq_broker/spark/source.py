@@ -10,9 +10,9 @@
 ...     .option("dramatiq_actor", "add").option("args_columns", "x,y")
 ...     .mode("append").save())  # doctest: +SKIP
 
-Reading: see :mod:`objq_broker.spark_read` (tables ``jobs``, ``dead``, ``archive``; filters on
-``queue`` and ``finished_at`` pushed down). Writing: see :mod:`objq_broker.spark_write` (one
-commit for the whole DataFrame) and :mod:`objq_broker.spark_rows` (payload or Dramatiq/Celery
+Reading: see :mod:`objq_broker.spark.read` (tables ``jobs``, ``dead``, ``archive``; filters on
+``queue`` and ``finished_at`` pushed down). Writing: see :mod:`objq_broker.spark.write` (one
+commit for the whole DataFrame) and :mod:`objq_broker.spark.rows` (payload or Dramatiq/Celery
 messages from columns). Only ``mode("append")`` is accepted.
 
 No JVM connector is involved: executors read and write storage with objq's own adapters, so
@@ -37,14 +37,14 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
     ) from exc
 
 from objq_broker.errors import ConfigurationError
-from objq_broker.spark_read import (
+from objq_broker.spark.read import (
     DEFAULT_OBJECTS_PER_PARTITION,
     SCHEMA,
     TABLES,
     ObjqReader,
 )
-from objq_broker.spark_rows import option_int, required
-from objq_broker.spark_write import ObjqWriter, settings_from_options
+from objq_broker.spark.rows import option_int, required
+from objq_broker.spark.write import ObjqWriter, settings_from_options
 
 __all__ = ["SCHEMA", "DefaultSource", "ObjqDataSource", "local_session", "register"]
 
@@ -62,7 +62,7 @@ SESSION_CONF = {
 class ObjqDataSource(DataSource):
     """The ``objq`` format. Options: ``url`` (required), then for reading ``table``
     (jobs, dead or archive; default archive) and ``objects_per_partition``; for writing
-    ``queue`` and the options of :mod:`objq_broker.spark_rows`."""
+    ``queue`` and the options of :mod:`objq_broker.spark.rows`."""
 
     @classmethod
     def name(cls) -> str:

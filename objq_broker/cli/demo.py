@@ -149,7 +149,7 @@ def throughput_line(result: dict[str, Any]) -> str:
 
 def cmd_demo(ctx: Context) -> int:
     from objq_broker.cli.inspect import status_dict, status_text
-    from objq_broker.cli.snapshot import Snapshot
+    from objq_broker.engine.snapshot import Snapshot
     from objq_broker.storage import open_store
 
     url = getattr(ctx.args, "url", None) or DEFAULT_DEMO_URL

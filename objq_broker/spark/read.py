@@ -9,7 +9,7 @@ Tables (option ``table``):
 
 Filters pushed down (they show as ``PushedFilters`` in ``explain("formatted")``): equality or
 ``IN`` on ``queue``, and comparisons on ``finished_at``. A time range on the archive lists only
-the days it needs and reads only the hours it needs (see :mod:`objq_broker.archive`); pushed
+the days it needs and reads only the hours it needs (see :mod:`objq_broker.engine.archive`); pushed
 filters are applied exactly, row by row, so Spark does not evaluate them again.
 
 Rows are built as Arrow record batches in the executors, which read storage with objq's own
@@ -18,7 +18,6 @@ adapters (no Hadoop connector needed).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,12 +37,12 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from objq_broker.archive import archive_keys, read_archive
-from objq_broker.bodies import BodyCache
-from objq_broker.engine import STATE_KEY
+from objq_broker.engine.archive import archive_keys, read_archive
+from objq_broker.engine.bodies import BodyCache
+from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ConfigurationError, ObjqError
-from objq_broker.messages import describe
-from objq_broker.records import Job, decode_state
+from objq_broker.model.messages import describe
+from objq_broker.model.records import Job, JobState
 from objq_broker.storage import ObjectStore, open_store
 
 #: The tables this source reads.
@@ -193,8 +192,7 @@ class ObjqReader(DataSourceReader):
                         if rows.full():
                             yield rows.flush()
             else:
-                now = time.time()
-                for state, job in _state_rows(store, self.table, now):
+                for state, job in _state_rows(store, self.table):
                     rows.add(state, job, store)
                     if rows.full():
                         yield rows.flush()
@@ -204,17 +202,13 @@ class ObjqReader(DataSourceReader):
             store.close()
 
 
-def _state_rows(store: ObjectStore, table: str, now: float) -> Iterator[tuple[str, Job]]:
-    blob = store.read(STATE_KEY)
-    if blob is None:
-        return
-    doc = decode_state(blob.data, f"state {store.url}/{STATE_KEY}")
+def _state_rows(store: ObjectStore, table: str) -> Iterator[tuple[JobState, Job]]:
+    snapshot = Snapshot.read(store)
     if table == "dead":
-        for job in doc.dead:
+        for job in snapshot.all_dead():
             yield "dead", job
     else:
-        for job in doc.jobs:
-            yield job.state_at(now), job
+        yield from snapshot.all_live()
 
 
 class _RowBuilder:

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from objq_broker.engine.options import ENGINE_OPTIONS, URL_ENV
 from objq_broker.errors import ConfigurationError
-from objq_broker.kombu_exchanges import DEFAULT_TABLE_TTL_SECONDS
-from objq_broker.options import ENGINE_OPTIONS, URL_ENV
+from objq_broker.kombu.routing import DEFAULT_TABLE_TTL_SECONDS
 
 #: Seconds a delivered message stays leased without a heartbeat: how long a dead consumer's
 #: messages take to come back. Not a limit on task length (live consumers heartbeat).
@@ -50,7 +50,7 @@ KOMBU_OPTIONS = frozenset(
         "deadletter_queue",
     }
 )
-#: Engine options accepted as they are (see ``objq_broker.options``).
+#: Engine options accepted as they are (see ``objq_broker.engine.options``).
 ACCEPTED_OPTIONS = OWN_OPTIONS | KOMBU_OPTIONS | (ENGINE_OPTIONS - {"clock", "seed"})
 #: Broker URLs that name no storage (it then comes from ``transport_options["url"]``).
 _BARE = ("", "objq://", "objq:///", "objq:")

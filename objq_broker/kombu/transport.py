@@ -25,10 +25,10 @@ Mapping onto objq (see ``docs/celery.md``):
 * ``ack`` finishes the job; ``reject(requeue=True)`` makes it ready again at once and the next
   delivery says ``redelivered``; ``reject(requeue=False)`` dead-letters it. A closing channel
   releases what it holds; a killed process's leases expire and their messages come back.
-* Exchanges and bindings are kept in the store (:mod:`objq_broker.kombu_exchanges`), so direct,
+* Exchanges and bindings are kept in the store (:mod:`objq_broker.kombu.routing`), so direct,
   topic and fanout routing work across processes (Celery broadcast and remote control).
 * The transport joins kombu's event loop through a wakeup socket
-  (:mod:`objq_broker.kombu_events`), so Celery runs its event-driven consumer on it.
+  (:mod:`objq_broker.kombu.events`), so Celery runs its event-driven consumer on it.
 """
 
 # mypy: disallow-untyped-calls=False
@@ -55,10 +55,10 @@ from objq_broker.errors import (
     QueueError,
     StorageUnavailable,
 )
-from objq_broker.kombu_channel import Channel
-from objq_broker.kombu_events import LoopBinding
-from objq_broker.kombu_exchanges import ExchangeTable
-from objq_broker.kombu_options import TransportSettings
+from objq_broker.kombu.channel import Channel
+from objq_broker.kombu.events import LoopBinding
+from objq_broker.kombu.routing import ExchangeTable
+from objq_broker.kombu.settings import TransportSettings
 from objq_broker.queue import Delivery, Queue
 
 log = logging.getLogger("objq_broker.kombu")
@@ -79,7 +79,7 @@ class _SharedQueues:
         key = (os.getpid(), url, repr(sorted(options.items())))
         with self._lock:
             queue, users = self._queues.get(key, (None, 0))
-            if queue is None or queue.engine.closed:
+            if queue is None or queue.closed:
                 queue, users = Queue(url, **options), 0
             self._queues[key] = (queue, users + 1)
             return queue
@@ -111,7 +111,7 @@ class Transport(virtual.Transport):
     can_parse_url = True
     default_port = None
     implements = virtual.Transport.implements.extend(
-        asynchronous=True,  # through a wakeup socket: see objq_broker.kombu_events
+        asynchronous=True,  # through a wakeup socket: see objq_broker.kombu.events
         exchange_type=frozenset(["direct", "topic", "fanout"]),
         heartbeats=False,
     )
@@ -152,7 +152,7 @@ class Transport(virtual.Transport):
 
     def open_queue(self) -> Queue:
         with self._lock:
-            if self.queue is None or self.queue.engine.closed:
+            if self.queue is None or self.queue.closed:
                 self.queue = _shared_queues.acquire(self.settings.url, self.settings.queue_options)
                 self._exchanges = ExchangeTable(
                     self.queue.store, ttl_seconds=self.settings.bindings_ttl

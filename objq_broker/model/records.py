@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+from typing import Literal
 
 import msgspec
 
 from objq_broker.errors import StateCorrupt
+from objq_broker.model.checks import Attempts, PositiveSeconds
 
 #: The state format this code reads and writes; a different one is refused, never rewritten.
 FORMAT_VERSION = 1
@@ -33,6 +35,16 @@ DEFAULT_LEASE_SECONDS = 60.0
 DEFAULT_DEAD_TTL_SECONDS = 7 * 24 * 3600.0
 #: An idempotency key returns the same job when reused within this window.
 DEFAULT_IDEMPOTENCY_SECONDS = 24 * 3600.0
+
+
+#: Where a job is: waiting to be claimed, waiting for its time, leased, or dead-lettered.
+JobState = Literal["ready", "delayed", "in-flight", "dead"]
+#: The states of a job still in a queue (a dead letter's record says "dead" elsewhere).
+LiveState = Literal["ready", "delayed", "in-flight"]
+#: How a job left the queue, as the archive records it.
+Outcome = Literal["done", "dead"]
+#: What a nack did: the job will run again after a backoff, or it was dead-lettered.
+NackResult = Literal["retry", "dead"]
 
 
 class Lease(msgspec.Struct, frozen=True):
@@ -76,7 +88,7 @@ class Job(msgspec.Struct, omit_defaults=True):
             )
         return base64.b64decode(self.body) if self.b64 else self.body.encode()
 
-    def state_at(self, now: float) -> str:
+    def state_at(self, now: float) -> LiveState:
         """'in-flight', 'delayed' or 'ready' (a dead letter's record says 'dead' elsewhere)."""
         if self.lease is not None:
             return "in-flight"
@@ -93,14 +105,16 @@ def encode_payload(payload: bytes) -> tuple[str, bool]:
 
 class QueueConfig(msgspec.Struct):
     """Per-queue defaults kept in the state, so every worker of every host agrees on them.
-    Every field is written out, so a later release's defaults never change a queue silently."""
+    Every field is written out, so a later release's defaults never change a queue silently.
+    The constraints hold both where settings enter (:func:`objq_broker.model.checks.checked`)
+    and where the state is decoded."""
 
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    backoff_base_seconds: float = DEFAULT_BACKOFF_BASE_SECONDS
-    backoff_cap_seconds: float = DEFAULT_BACKOFF_CAP_SECONDS
-    lease_seconds: float = DEFAULT_LEASE_SECONDS
-    dead_ttl_seconds: float = DEFAULT_DEAD_TTL_SECONDS
-    idempotency_seconds: float = DEFAULT_IDEMPOTENCY_SECONDS
+    max_attempts: Attempts = DEFAULT_MAX_ATTEMPTS
+    backoff_base_seconds: PositiveSeconds = DEFAULT_BACKOFF_BASE_SECONDS
+    backoff_cap_seconds: PositiveSeconds = DEFAULT_BACKOFF_CAP_SECONDS
+    lease_seconds: PositiveSeconds = DEFAULT_LEASE_SECONDS
+    dead_ttl_seconds: PositiveSeconds = DEFAULT_DEAD_TTL_SECONDS
+    idempotency_seconds: PositiveSeconds = DEFAULT_IDEMPOTENCY_SECONDS
 
 
 class KeyRecord(msgspec.Struct, array_like=True):
@@ -132,7 +146,7 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
 class ArchiveRecord(msgspec.Struct, omit_defaults=True):
     """One finished or dead-lettered job, as a line of an archive object."""
 
-    outcome: str  # "done" or "dead"
+    outcome: Outcome
     commit_id: str
     job: Job
 

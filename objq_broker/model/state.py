@@ -16,18 +16,31 @@ are invalidated lazily: ``_entry[job_id]`` holds the one entry that is current f
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Annotated
 
 import msgspec
 
-from objq_broker.bodies import INLINE_MAX_BYTES, split_ref
 from objq_broker.errors import ConfigurationError, JobNotFound, LeaseLost, QueueNotFound
-from objq_broker.records import (
+from objq_broker.model.bodies import INLINE_MAX_BYTES, split_ref
+from objq_broker.model.checks import (
+    MAX_QUEUE_NAME,
+    Attempts,
+    Identifier,
+    Priority,
+    QueueName,
+    SignedSeconds,
+    checked,
+)
+from objq_broker.model.records import (
     FORMAT_VERSION,
     Job,
+    JobState,
     KeyRecord,
     Lease,
+    NackResult,
+    Outcome,
     QueueConfig,
     StateDoc,
     encode_state,
@@ -36,35 +49,31 @@ from objq_broker.records import (
 _ReadyEntry = tuple[int, int, str]  # (priority, seq, job id)
 _TimedEntry = tuple[float, int, str]  # (visible_at, seq, job id)
 _job_encoder = msgspec.json.Encoder()
-#: Longest queue name accepted (SQS allows 80, Celery's pidbox names run longer).
-MAX_QUEUE_NAME = 255
 
 
-@dataclass(frozen=True, slots=True)
-class NewJob:
+class NewJob(msgspec.Struct, frozen=True):
     """What an enqueue asks for; the id is made by the caller so a replay is identical."""
 
-    id: str
-    queue: str
+    id: Identifier
+    queue: QueueName
     body: str
     b64: bool = False
-    priority: int = 0
-    delay_seconds: float = 0.0
-    max_attempts: int | None = None
-    key: str | None = None
+    priority: Priority = 0
+    delay_seconds: SignedSeconds = 0.0
+    max_attempts: Attempts | None = None
+    key: Identifier | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class StagedBodies:
+class StagedBodies(msgspec.Struct, frozen=True):
     """A bodies object written ahead of the commit that enqueues one job per entry of it.
 
     ``priorities`` and ``delays`` give each entry its own priority or delay (seconds); None
     means the batch's value for every entry."""
 
-    key: str
-    count: int
-    priorities: tuple[int, ...] | None = None
-    delays: tuple[float, ...] | None = None
+    key: Identifier
+    count: Annotated[int, msgspec.Meta(ge=1)]
+    priorities: tuple[Priority, ...] | None = None
+    delays: tuple[SignedSeconds, ...] | None = None
 
 
 #: Idempotency keys of staged writes (``enqueue_staged``) start with this, so they never meet
@@ -76,7 +85,7 @@ STAGED_WRITE_KEY = "objq-staged-write:"
 class Finished:
     """A job leaving the hot state, to be archived before the commit that drops it."""
 
-    outcome: str  # "done" or "dead"
+    outcome: Outcome
     job: Job
 
 
@@ -104,6 +113,22 @@ def check_queue_name(queue: object) -> str:
             f"found {queue!r}"
         )
     return queue
+
+
+def settings_of(
+    queue: str, base: QueueConfig, changes: Mapping[str, object] | None = None
+) -> QueueConfig:
+    """``base`` with ``changes`` applied, every field checked; :class:`ConfigurationError`
+    names an unknown setting or a value out of its range."""
+    changes = dict(changes or {})
+    allowed = QueueConfig.__struct_fields__
+    unknown = sorted(set(changes) - set(allowed))
+    if unknown:
+        raise ConfigurationError(
+            f"queue {queue!r}: unknown setting(s) {unknown}; accepted: {sorted(allowed)}"
+        )
+    merged = {name: getattr(base, name) for name in allowed} | changes
+    return checked(merged, QueueConfig, f"queue {queue!r}")
 
 
 def retry_delay(attempts: int, base: float, cap: float, jitter: float) -> float:
@@ -220,25 +245,17 @@ class QueueState:
         check_queue_name(queue)
         if queue in self.doc.queues:
             return False
-        self.doc.queues[queue] = config if config is not None else QueueConfig()
+        # Checked here too: a config built in code skips msgspec's constraints, and one bad
+        # value in the state would stop every process that shares it.
+        settings = QueueConfig() if config is None else settings_of(queue, config)
+        self.doc.queues[queue] = settings
         self._members.setdefault(queue, set())
         self.dirty = True
         return True
 
     def configure(self, queue: str, changes: dict[str, float | int]) -> QueueConfig:
         current = self.config(queue)
-        allowed = set(QueueConfig.__struct_fields__)
-        unknown = sorted(set(changes) - allowed)
-        if unknown:
-            raise ConfigurationError(
-                f"queue {queue!r}: unknown setting(s) {unknown}; accepted: {sorted(allowed)}"
-            )
-        for name, value in changes.items():
-            if not isinstance(value, int | float) or value <= 0:
-                raise ConfigurationError(
-                    f"queue {queue!r}: setting {name!r} must be a positive number, found {value!r}"
-                )
-        updated = msgspec.structs.replace(current, **changes)
+        updated = settings_of(queue, current, changes)
         if updated != current:
             self.doc.queues[queue] = updated
             self.dirty = True
@@ -515,7 +532,7 @@ class QueueState:
         retry: bool,
         jitter: float,
         delay_seconds: float | None = None,
-    ) -> str:
+    ) -> NackResult:
         """Retry after a backoff, or dead-letter once attempts are spent; returns which."""
         job = self._held(job_id, token)
         self.dirty = True
@@ -657,7 +674,7 @@ class QueueState:
         age = None if oldest is None else max(now - oldest, 0.0)
         return QueueStats(queue, ready, delayed, in_flight, dead, age)
 
-    def find(self, job_id: str, now: float) -> tuple[str, Job] | None:
+    def find(self, job_id: str, now: float) -> tuple[JobState, Job] | None:
         """A job's state ('ready', 'delayed', 'in-flight' or 'dead') and a copy of it."""
         job = self.jobs.get(job_id)
         if job is not None:
@@ -666,11 +683,11 @@ class QueueState:
         return None if dead is None else ("dead", snapshot(dead))
 
     def list_jobs(
-        self, queue: str, now: float, state: str | None = None, limit: int | None = None
-    ) -> list[tuple[str, Job]]:
+        self, queue: str, now: float, state: JobState | None = None, limit: int | None = None
+    ) -> list[tuple[JobState, Job]]:
         """Jobs of ``queue`` in claim order (dead letters by death time), optionally filtered."""
         self.config(queue)
-        rows: list[tuple[str, Job]] = []
+        rows: list[tuple[JobState, Job]] = []
         if state != "dead":
             live = sorted(
                 (self.jobs[i] for i in self._members.get(queue, ())),

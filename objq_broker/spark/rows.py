@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from objq_broker.errors import ConfigurationError
-from objq_broker.messages import celery_message, dramatiq_message
+from objq_broker.model.messages import celery_message, dramatiq_message
 
 DEFAULT_PAYLOAD_COLUMN = "payload"
 #: The writer's options, listed in errors about unknown ones.

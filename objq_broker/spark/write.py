@@ -35,13 +35,13 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from objq_broker.bodies import encode_bodies
-from objq_broker.engine import STATE_KEY
+from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ObjqError, QueueError
+from objq_broker.model.bodies import encode_bodies
+from objq_broker.model.records import encode_payload
+from objq_broker.model.state import StagedBodies
 from objq_broker.queue import Queue
-from objq_broker.records import decode_state, encode_payload
-from objq_broker.spark_rows import RowPlan
-from objq_broker.state import StagedBodies
+from objq_broker.spark.rows import RowPlan
 from objq_broker.storage import ObjectStore, open_store
 
 log = logging.getLogger("objq_broker.spark")
@@ -169,10 +169,7 @@ class ObjqWriter(DataSourceArrowWriter):
 
 def _referenced_bodies(store: ObjectStore) -> set[str]:
     """Bodies objects the stored state refers to now (its reference counts)."""
-    blob = store.read(STATE_KEY)
-    if blob is None:
-        return set()
-    return set(decode_state(blob.data, f"state {store.url}/{STATE_KEY}").bodies)
+    return Snapshot.read(store).referenced_bodies
 
 
 def _task_identity() -> tuple[int, int]:
@@ -246,7 +243,7 @@ class _Stager:
 def settings_from_options(options: Any, columns: list[str]) -> WriteSettings:
     """Read the writer's options (a case-insensitive mapping), checking them against the
     DataFrame's ``columns``."""
-    from objq_broker.spark_rows import option_float, option_int, required
+    from objq_broker.spark.rows import option_float, option_int, required
 
     where = "objq writer"
     url = required(options, "url", where)

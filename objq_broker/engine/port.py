@@ -1,0 +1,53 @@
+"""The one seam between the API and whatever commits its operations.
+
+:class:`~objq_broker.queue.Queue`, :class:`~objq_broker.aio.AsyncQueue` and the consumer core
+(:mod:`objq_broker.consume`) talk to a :class:`Committer` and nothing else: they submit
+operations (:mod:`objq_broker.model.ops`, plain data) and wait on futures. The local group-commit
+loop (:class:`~objq_broker.engine.commit.Engine`) is one implementation; a client that forwards
+operations to the process elected to commit for a namespace is another. Nothing above this seam
+knows which one it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Protocol, TypeVar
+
+from objq_broker.engine.bodies import BodyCache
+from objq_broker.engine.commit import EngineMetrics
+from objq_broker.model.ops import Op
+
+T = TypeVar("T")
+
+
+class Committer(Protocol):
+    """Takes operations and returns futures that resolve once each is durable (or failed)."""
+
+    #: Payload bodies kept out of the state, read (and cached) by reference.
+    bodies: BodyCache
+    #: How long one commit keeps retrying before its operations fail.
+    commit_deadline_seconds: float
+    #: Counters of what was committed and what it cost.
+    metrics: EngineMetrics
+
+    def submit(self, op: Op[T]) -> Future[T]:
+        """Queue ``op`` for a commit. Raises :class:`~objq_broker.errors.QueueClosed` once
+        closed. The future holds the result, or the error that refused this op alone."""
+        ...
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until everything submitted so far is durable (or failed)."""
+        ...
+
+    def close(self, timeout: float | None = None) -> None:
+        """Commit what is pending, then stop; later submits raise ``QueueClosed``."""
+        ...
+
+    def on_commit(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after each commit (from any thread; it must not block). A claimer
+        waiting for jobs uses it to look again at once instead of polling."""
+        ...
+
+    @property
+    def closed(self) -> bool: ...

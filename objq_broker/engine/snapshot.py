@@ -1,0 +1,104 @@
+"""A read-only view of a namespace: the state object read once, decoded, never written.
+
+Inspecting (``objq status``, ``jobs``, ``dead list``, the Spark reader) reads through this, not
+through the commit loop: looking at a queue must never change it, and a state that cannot be
+decoded is reported with its key and left exactly as it is. This module and
+:mod:`~objq_broker.engine.commit` are the only readers of ``state.json``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from objq_broker.engine.bodies import BodyCache
+from objq_broker.engine.commit import STATE_KEY
+from objq_broker.model.records import Job, JobState, QueueConfig, decode_state
+from objq_broker.model.state import QueueState, QueueStats
+from objq_broker.storage import ObjectStore
+
+
+@dataclass
+class Snapshot:
+    """The state of one store at one moment, with the stored object's version and size.
+
+    >>> from objq_broker.storage import MemoryStore
+    >>> Snapshot.read(MemoryStore()).queue_names()
+    []
+    """
+
+    store: ObjectStore
+    _state: QueueState
+    size_bytes: int
+    read_at: float
+    exists: bool
+    bodies: BodyCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bodies = BodyCache(self.store)  # one bodies object holds many jobs' payloads
+
+    @classmethod
+    def read(cls, store: ObjectStore) -> Snapshot:
+        blob = store.read(STATE_KEY)
+        if blob is None:
+            return cls(store, QueueState(), 0, time.time(), exists=False)
+        doc = decode_state(blob.data, f"state {store.url}/{STATE_KEY}")
+        return cls(store, QueueState(doc), len(blob.data), time.time(), exists=True)
+
+    # --- the namespace ---------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """How many commits made this state (0: none yet)."""
+        return self._state.doc.version
+
+    @property
+    def committed_at(self) -> float | None:
+        return self._state.doc.committed_at or None
+
+    @property
+    def referenced_bodies(self) -> set[str]:
+        """Keys of the bodies objects that jobs of this state refer to."""
+        return set(self._state.doc.bodies)
+
+    def queue_names(self) -> list[str]:
+        return self._state.queue_names()
+
+    def config(self, queue: str) -> QueueConfig:
+        return self._state.config(queue)
+
+    def stats(self, queue: str) -> QueueStats:
+        return self._state.stats(queue, self.read_at)
+
+    # --- jobs ------------------------------------------------------------------------------
+
+    def jobs(
+        self, queue: str, state: JobState | None = None, limit: int | None = None
+    ) -> list[tuple[JobState, Job]]:
+        """Jobs of ``queue`` in claim order (dead letters last), payloads not loaded."""
+        return self._state.list_jobs(queue, self.read_at, state, limit)
+
+    def find(self, job_id: str) -> tuple[JobState, Job] | None:
+        return self._state.find(job_id, self.read_at)
+
+    def dead_letters(self, queue: str) -> list[Job]:
+        return self._state.dead_letters(queue)
+
+    def all_live(self) -> Iterator[tuple[JobState, Job]]:
+        """Every job not yet finished, of every queue, in no order."""
+        for job in self._state.jobs.values():
+            yield job.state_at(self.read_at), job
+
+    def all_dead(self) -> Iterator[Job]:
+        """Every dead letter of every queue, in no order."""
+        yield from self._state.dead.values()
+
+    def fill(self, job: Job) -> Job:
+        """``job`` with its payload, loaded from its bodies object if kept out of line."""
+        if job.ref is None or job.body:
+            return job
+        body, b64 = self.bodies.load(job.ref)
+        return msgspec.structs.replace(job, body=body, b64=b64)

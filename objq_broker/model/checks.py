@@ -1,0 +1,96 @@
+"""What a value must be before it may enter the state: msgspec constraints, checked at the door.
+
+The state is decoded by every process that shares a namespace, and a corrupt state is refused,
+never overwritten. So one bad value that got in (a NaN lease, which JSON writes as ``null``; an
+``int`` field holding 2.5) would stop every process at once. Every value an operation carries is
+therefore one of the constrained types below, and :func:`checked` converts what a caller gave
+into them, raising one :class:`~objq_broker.errors.ConfigurationError` that names the field,
+what was expected and what was found. The same constraints hold when an operation is decoded
+from the wire, and when the state itself is decoded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+from msgspec import Meta
+
+from objq_broker.errors import ConfigurationError
+
+T = TypeVar("T")
+
+#: Longest queue name accepted (SQS allows 80, Celery's pidbox names run longer).
+MAX_QUEUE_NAME = 255
+#: Longest idempotency key, owner name or other identifier accepted.
+MAX_IDENTIFIER = 1024
+#: Longest span of time accepted, in seconds (about a century). Bounding it keeps infinity
+#: out: JSON has no way to write it.
+MAX_SECONDS = 100 * 365 * 24 * 3600.0
+#: Most attempts a job may be given.
+MAX_ATTEMPTS = 1_000_000
+#: Priorities are 32-bit signed integers, lower first.
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+#: Most jobs one claim may ask for.
+MAX_CLAIM = 100_000
+
+_QUEUE_NAME_PATTERN = r"^[^/\x00-\x1f\x7f-\x9f]+$"
+QueueName = Annotated[
+    str, Meta(min_length=1, max_length=MAX_QUEUE_NAME, pattern=_QUEUE_NAME_PATTERN)
+]
+Identifier = Annotated[str, Meta(min_length=1, max_length=MAX_IDENTIFIER)]
+#: A span of time that must be positive: leases, backoffs, retention.
+PositiveSeconds = Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
+#: A wait of zero or more seconds.
+Seconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
+#: A delay that may lie in the past (an ETA already passed runs at once).
+SignedSeconds = Annotated[float, Meta(ge=-MAX_SECONDS, le=MAX_SECONDS)]
+Attempts = Annotated[int, Meta(ge=1, le=MAX_ATTEMPTS)]
+Priority = Annotated[int, Meta(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])]
+ClaimCount = Annotated[int, Meta(ge=1, le=MAX_CLAIM)]
+
+_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+#: What a pattern means, for error messages (a regex says little to a user).
+_PATTERNS = {
+    _QUEUE_NAME_PATTERN: f"a queue name (1-{MAX_QUEUE_NAME} printable characters without '/')"
+}
+
+
+def checked(data: Mapping[str, Any], type_: type[T], where: str) -> T:
+    """``data`` converted to ``type_`` with every constraint checked (no coercion: ``"3"`` is
+    not 3, ``True`` is not 1, 2.5 is not an ``int``), or :class:`ConfigurationError` saying
+    which field, what it must be, and what was found."""
+    try:
+        return msgspec.convert(data, type_)
+    except msgspec.ValidationError as exc:
+        raise ConfigurationError(_describe(exc, data, where)) from None
+
+
+def _describe(exc: msgspec.ValidationError, data: Mapping[str, Any], where: str) -> str:
+    text = str(exc)
+    match = _PATH.search(text)
+    expected = text[: match.start()] if match else text
+    expected = re.sub(r", got `?\w+`?$", "", expected.replace("Expected", "expected", 1))
+    expected = expected.replace("`", "")
+    for pattern, meaning in _PATTERNS.items():
+        expected = expected.replace(f"str matching regex {pattern!r}", meaning)
+    if not match or not match["path"]:
+        return f"{where}: {expected}"
+    path = match["path"]
+    field = path.lstrip(".").split(".")[0].split("[")[0]
+    found = _lookup(data, path)
+    return f"{where}: {field}: {expected}, found {found!r}"
+
+
+def _lookup(data: Any, path: str) -> Any:
+    """The value at a msgspec error path such as ``.items[3].key``."""
+    value = data
+    for part in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path):
+        name, index = part
+        try:
+            value = value[name] if name else value[int(index)]
+        except (KeyError, IndexError, TypeError):
+            return "(missing)"
+    return value

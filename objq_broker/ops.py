@@ -1,0 +1,317 @@
+"""Building operations from what a caller passed: the one place where API arguments are
+checked, shared by :class:`~objq_broker.queue.Queue` and :class:`~objq_broker.aio.AsyncQueue`
+so the two cannot drift.
+
+Every builder checks types and ranges (with msgspec's constraints, see
+:mod:`objq_broker.model.checks`) and raises :class:`~objq_broker.errors.ConfigurationError`
+naming the argument before anything is submitted; it also makes the ids, lease tokens and
+jitter, so the operation replays identically after an ambiguous write.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Annotated, Any
+
+import msgspec
+
+from objq_broker.errors import ConfigurationError
+from objq_broker.model import ops
+from objq_broker.model.checks import (
+    Attempts,
+    ClaimCount,
+    Identifier,
+    PositiveSeconds,
+    Priority,
+    QueueName,
+    Seconds,
+    SignedSeconds,
+    checked,
+)
+from objq_broker.model.records import Job, JobState, QueueConfig, encode_payload
+from objq_broker.model.state import NewJob, StagedBodies, settings_of
+
+#: A span of time as callers give it: seconds, a timedelta, or nothing.
+Delay = float | int | timedelta | None
+
+_rng = random.Random()
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A claimed job and the lease token that proves this holder may ack or nack it."""
+
+    job: Job
+    token: str
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    @property
+    def payload(self) -> bytes:
+        return self.job.payload
+
+    @property
+    def held(self) -> tuple[str, str]:
+        return (self.job.id, self.token)
+
+
+def deliveries(jobs: Iterable[Job]) -> list[Delivery]:
+    """The deliveries of claimed jobs (each carries its lease token)."""
+    return [Delivery(job, job.lease.token) for job in jobs if job.lease is not None]
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def seconds(value: Delay, what: str) -> float | None:
+    """Seconds from a number or a timedelta (None stays None); bools and text are refused."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigurationError(f"{what}: expected seconds or a timedelta, found {value!r}")
+
+
+# --- the argument bags, each checked in one conversion ---------------------------------------
+
+
+class _EnqueueArgs(msgspec.Struct, frozen=True):
+    queue: QueueName
+    priority: Priority = 0
+    delay: SignedSeconds = 0.0
+    max_attempts: Attempts | None = None
+
+
+class _Key(msgspec.Struct, frozen=True):
+    key: Identifier | None
+
+
+class _ClaimArgs(msgspec.Struct, frozen=True):
+    queues: list[QueueName]
+    n: ClaimCount
+    owner: Identifier
+    lease: PositiveSeconds | None = None
+
+
+class _NackArgs(msgspec.Struct, frozen=True):
+    error: str | None = None
+    retry: bool = True
+    delay: Seconds | None = None
+
+
+class _LeaseArg(msgspec.Struct, frozen=True):
+    lease: PositiveSeconds | None = None
+
+
+class _Names(msgspec.Struct, frozen=True):
+    queue: QueueName
+
+
+class _Ids(msgspec.Struct, frozen=True):
+    ids: list[str] | None = None
+
+
+class _ListArgs(msgspec.Struct, frozen=True):
+    queue: QueueName
+    state: JobState | None = None
+    limit: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+def queue_name(queue: object, what: str = "queue") -> str:
+    """``queue`` if it is a valid queue name, else :class:`ConfigurationError`."""
+    return checked({"queue": queue}, _Names, what).queue
+
+
+# --- queues ----------------------------------------------------------------------------------
+
+
+def declare(queue: str, config: Mapping[str, Any]) -> ops.Declare:
+    where = f"declare {queue!r}"
+    name = queue_name(queue, where)
+    settings = settings_of(name, QueueConfig(), dict(config)) if config else None
+    return ops.Declare(name, settings)
+
+
+def configure(queue: str, changes: Mapping[str, Any]) -> ops.Configure:
+    name = queue_name(queue, f"configure {queue!r}")
+    settings_of(name, QueueConfig(), dict(changes))  # checked now, applied to the stored ones
+    return ops.Configure(name, dict(changes))
+
+
+def purge(queue: str) -> ops.Purge:
+    return ops.Purge(queue_name(queue, "purge"))
+
+
+def delete_queue(queue: str) -> ops.DeleteQueue:
+    return ops.DeleteQueue(queue_name(queue, "delete_queue"))
+
+
+# --- producing -------------------------------------------------------------------------------
+
+
+def enqueue(
+    queue: str,
+    payloads: Iterable[bytes],
+    *,
+    priority: int = 0,
+    delay: Delay = None,
+    max_attempts: int | None = None,
+    keys: Sequence[str | None] | None = None,
+) -> ops.Enqueue:
+    where = f"enqueue to {queue!r}"
+    args = checked(
+        {
+            "queue": queue,
+            "priority": priority,
+            "delay": seconds(delay, f"{where}: delay") or 0.0,
+            "max_attempts": max_attempts,
+        },
+        _EnqueueArgs,
+        where,
+    )
+    items: list[NewJob] = []
+    for index, payload in enumerate(payloads):
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise ConfigurationError(
+                f"{where}: expected payload bytes, found {type(payload).__name__}"
+            )
+        body, b64 = encode_payload(bytes(payload))
+        key = None if keys is None or index >= len(keys) else keys[index]
+        if key is not None:
+            checked({"key": key}, _Key, where)
+        items.append(
+            NewJob(
+                uuid.uuid4().hex,
+                args.queue,
+                body,
+                b64,
+                args.priority,
+                args.delay,
+                args.max_attempts,
+                key,
+            )
+        )
+    if keys is not None and len(keys) != len(items):
+        raise ConfigurationError(f"{where}: {len(items)} payloads but {len(keys)} keys")
+    return ops.Enqueue(items)
+
+
+def enqueue_staged(
+    queue: str,
+    staged: Sequence[StagedBodies],
+    *,
+    write_id: str,
+    priority: int = 0,
+    delay: Delay = None,
+    max_attempts: int | None = None,
+) -> ops.EnqueueStaged:
+    where = f"staged enqueue to {queue!r}"
+    args = checked(
+        {
+            "queue": queue,
+            "priority": priority,
+            "delay": seconds(delay, f"{where}: delay") or 0.0,
+            "max_attempts": max_attempts,
+        },
+        _EnqueueArgs,
+        where,
+    )
+    items = [checked(msgspec.structs.asdict(item), StagedBodies, where) for item in staged]
+    total = sum(item.count for item in items)
+    base = uuid.uuid4().hex[:20]  # ids made before submitting: a replay is identical
+    ids = [f"{base}{n:012x}" for n in range(total)]
+    return ops.EnqueueStaged(
+        args.queue,
+        items,
+        ids,
+        checked({"key": write_id}, _Key, f"{where}: write_id").key or "",
+        args.priority,
+        args.delay,
+        args.max_attempts,
+    )
+
+
+# --- consuming -------------------------------------------------------------------------------
+
+
+def claim(queues: Sequence[str], n: int, *, lease: Delay = None, owner: str) -> ops.Claim:
+    where = f"claim from {list(queues)!r}"
+    args = checked(
+        {
+            "queues": list(queues),
+            "n": n,
+            "owner": owner,
+            "lease": seconds(lease, f"{where}: lease"),
+        },
+        _ClaimArgs,
+        where,
+    )
+    # One random base per claim: a delay-queue consumer may ask for thousands at a time.
+    base = uuid.uuid4().hex
+    tokens = [f"{base}.{i}" for i in range(args.n)]
+    return ops.Claim(args.queues, tokens, args.owner, args.lease)
+
+
+def _lease(lease: Delay, where: str) -> float | None:
+    return checked({"lease": seconds(lease, f"{where}: lease")}, _LeaseArg, where).lease
+
+
+def heartbeat(held: Sequence[Delivery], *, lease: Delay = None) -> ops.Heartbeat:
+    return ops.Heartbeat([d.held for d in held], _lease(lease, "heartbeat"))
+
+
+def ack(delivery: Delivery) -> ops.Ack:
+    job_id, token = delivery.held
+    return ops.Ack(job_id, token)
+
+
+def nack(
+    delivery: Delivery, *, error: str | None = None, retry: bool = True, delay: Delay = None
+) -> ops.Nack:
+    where = f"nack of {delivery.id}"
+    args = checked(
+        {"error": error, "retry": retry, "delay": seconds(delay, f"{where}: delay")},
+        _NackArgs,
+        where,
+    )
+    job_id, token = delivery.held
+    return ops.Nack(job_id, token, args.error, args.retry, _rng.random(), args.delay)
+
+
+def release(held: Sequence[Delivery]) -> ops.Release:
+    return ops.Release([d.held for d in held])
+
+
+# --- dead letters and reading ----------------------------------------------------------------
+
+
+def _ids(ids: Sequence[str] | None, where: str) -> list[str] | None:
+    return checked({"ids": None if ids is None else list(ids)}, _Ids, where).ids
+
+
+def retry_dead(queue: str, ids: Sequence[str] | None) -> ops.RetryDead:
+    return ops.RetryDead(queue_name(queue, "retry_dead"), _ids(ids, "retry_dead"))
+
+
+def purge_dead(queue: str, ids: Sequence[str] | None) -> ops.PurgeDead:
+    return ops.PurgeDead(queue_name(queue, "purge_dead"), _ids(ids, "purge_dead"))
+
+
+def stats(queues: Sequence[str]) -> ops.Stats:
+    return ops.Stats([queue_name(name, "stats") for name in queues])
+
+
+def list_jobs(queue: str, state: str | None, limit: int | None) -> ops.ListJobs:
+    args = checked({"queue": queue, "state": state, "limit": limit}, _ListArgs, "jobs")
+    return ops.ListJobs(args.queue, args.state, args.limit)

@@ -1,0 +1,216 @@
+"""What the queue did: a Spark job over the archive, written as tables, charts and a page.
+
+    python -m objq_broker.report --url s3://jobs-bucket/objq --since 24h --out report/
+
+reads the archive of finished and dead-lettered jobs in ``[since, until)`` (only the hours in
+range are listed and read) and writes to ``--out``:
+
+* ``hourly.parquet`` / ``hourly.csv``: per UTC hour, queue and task: jobs finished, done,
+  dead, failure rate, throughput (jobs per second over the hour), and the 50th/90th/99th
+  percentiles of queue wait (started - enqueued) and run time (finished - started), in seconds.
+* ``tasks.parquet`` / ``tasks.csv``: the same per queue and task over the whole range.
+* ``throughput.png``, ``latency.png``, ``failures.png`` and ``index.html`` showing them.
+
+A job appears once even if the archive holds it twice (see :mod:`objq_broker.engine.archive`).
+The task is the Dramatiq actor or Celery task named in the payload, else ``(payload)``.
+A failure is a dead-lettered job: with Dramatiq, a retried attempt is a new message, and the
+attempt that failed finished as done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import re
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from objq_broker.engine.options import URL_ENV
+from objq_broker.errors import ConfigurationError
+
+#: Percentiles reported for queue wait and run time.
+PERCENTILES = (0.5, 0.9, 0.99)
+#: Where the report goes when ``--out`` is not given.
+DEFAULT_OUT = "objq-report"
+_RELATIVE = re.compile(r"^-?(\d+(?:\.\d+)?)([smhd])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_time(text: str, now: float, where: str) -> float:
+    """Unix seconds from ISO 8601 (UTC when no zone is given), Unix seconds, or an age such
+    as ``90m``, ``24h``, ``7d`` (that long before ``now``)."""
+    relative = _RELATIVE.match(text.strip())
+    if relative:
+        return now - float(relative.group(1)) * _UNIT_SECONDS[relative.group(2)]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigurationError(
+            f"{where}: expected an ISO 8601 time, Unix seconds or an age like 24h, found {text!r}"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="objq report", description="Throughput, latency and failures from the archive."
+    )
+    parser.add_argument("--url", default=os.environ.get(URL_ENV), help=f"store URL (${URL_ENV})")
+    parser.add_argument("--since", required=True, help="ISO time, Unix seconds, or age (24h)")
+    parser.add_argument("--until", help="end of the range (exclusive); default: now")
+    parser.add_argument("--queue", action="append", help="only these queues (repeatable)")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder ({DEFAULT_OUT})")
+    parser.add_argument("--master", default="local[*]", help="Spark master (local[*])")
+    args = parser.parse_args(argv)
+    if not args.url:
+        parser.error(f"no store: pass --url or set ${URL_ENV}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the report; returns the process exit status."""
+    args = _arguments(argv)
+    now = time.time()
+    try:
+        since = parse_time(args.since, now, "--since")
+        until = parse_time(args.until, now, "--until") if args.until else now
+    except ConfigurationError as exc:
+        print(f"objq report: {exc}", file=sys.stderr)
+        return 2
+    if until <= since:
+        print(f"objq report: --until ({until}) must be after --since ({since})", file=sys.stderr)
+        return 2
+    from objq_broker.spark import local_session
+
+    spark = local_session(args.master, app_name="objq-report")
+    hourly, tasks = summarise(spark, args.url, since, until, args.queue)
+    out = Path(args.out)
+    write_report(out, hourly, tasks, url=args.url, since=since, until=until)
+    total = int(tasks["jobs"].sum()) if len(tasks) else 0
+    dead = int(tasks["dead"].sum()) if len(tasks) else 0
+    print(f"{total} jobs finished ({total - dead} done, {dead} dead) in {_span(since, until)}")
+    for row in tasks.itertuples():
+        print(f"  {row.queue} {row.task}: {row.jobs} finished, {row.dead} dead")
+    print(f"report written to {out.resolve()}/index.html")
+    return 0
+
+
+def summarise(
+    spark: Any, url: str, since: float, until: float, queues: list[str] | None = None
+) -> tuple[Any, Any]:
+    """(hourly, per-task) pandas tables of the jobs finished in ``[since, until)``."""
+    from pyspark.sql import functions as F
+
+    start = datetime.fromtimestamp(since, UTC)
+    end = datetime.fromtimestamp(until, UTC)
+    archive = spark.read.format("objq").option("url", url).option("table", "archive").load()
+    chosen = archive.where(
+        (F.col("finished_at") >= F.lit(start)) & (F.col("finished_at") < F.lit(end))
+    )
+    if queues:
+        chosen = chosen.where(F.col("queue").isin(queues))
+    jobs = (
+        chosen.dropDuplicates(["id"])
+        .select(
+            "queue",
+            F.coalesce("task", F.lit("(payload)")).alias("task"),
+            F.date_trunc("hour", "finished_at").alias("hour"),
+            (F.col("state") == "dead").cast("int").alias("failed"),
+            (F.col("started_at").cast("double") - F.col("enqueued_at").cast("double")).alias(
+                "wait"
+            ),
+            (F.col("finished_at").cast("double") - F.col("started_at").cast("double")).alias("run"),
+        )
+        .cache()
+    )
+    try:
+        hourly = _aggregate(jobs, ["hour", "queue", "task"], per_second=3600.0)
+        tasks = _aggregate(jobs, ["queue", "task"], per_second=max(until - since, 1.0))
+    finally:
+        jobs.unpersist()
+    return hourly, tasks
+
+
+def _aggregate(jobs: Any, keys: list[str], per_second: float) -> Any:
+    from pyspark.sql import functions as F
+
+    levels = list(PERCENTILES)
+    grouped = jobs.groupBy(*keys).agg(
+        F.count("*").alias("jobs"),
+        F.sum("failed").alias("dead"),
+        F.percentile_approx("wait", levels).alias("wait"),
+        F.percentile_approx("run", levels).alias("run"),
+    )
+    columns = [*keys, "jobs", (F.col("jobs") - F.col("dead")).alias("done"), "dead"]
+    columns.append((F.col("dead") / F.col("jobs")).alias("failure_rate"))
+    columns.append((F.col("jobs") / F.lit(per_second)).alias("jobs_per_second"))
+    for metric in ("wait", "run"):
+        for index, level in enumerate(levels):
+            name = f"{metric}_p{round(level * 100)}_s"
+            columns.append(F.col(metric).getItem(index).alias(name))
+    table = grouped.select(*columns).orderBy(*keys).toPandas()
+    for name in ("jobs", "done", "dead"):
+        table[name] = table[name].astype("int64")
+    return table
+
+
+def write_report(
+    out: Path, hourly: Any, tasks: Any, *, url: str, since: float, until: float
+) -> None:
+    """Tables as Parquet and CSV, three charts and an HTML page into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in (("hourly", hourly), ("tasks", tasks)):
+        table.to_parquet(out / f"{name}.parquet", index=False)
+        table.to_csv(out / f"{name}.csv", index=False)
+    from objq_broker.spark.charts import draw_charts
+
+    charts = draw_charts(out, hourly, tasks)
+    title = f"objq report: {html.escape(_span(since, until))}"
+    figures = "\n".join(f'<p><img src="{name}" alt="{name}"></p>' for name in charts)
+    links = " · ".join(
+        f'<a href="{n}">{n}</a>'
+        for n in ("hourly.csv", "hourly.parquet", "tasks.csv", "tasks.parquet")
+    )
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head>
+<body><h1>{title}</h1>
+<p>Store: <code>{html.escape(_redacted(url))}</code>. Jobs: {int(tasks["jobs"].sum())},
+dead: {int(tasks["dead"].sum())}. Times in seconds; wait = started - enqueued,
+run = finished - started.</p>
+<h2>Per task</h2>
+{tasks.to_html(index=False, float_format=lambda v: f"{v:.4g}")}
+{figures}
+<h2>Per hour</h2>
+{hourly.to_html(index=False, float_format=lambda v: f"{v:.4g}")}
+<p>Data: {links}</p>
+</body></html>
+"""
+    (out / "index.html").write_text(page, encoding="utf-8")
+
+
+def _span(since: float, until: float) -> str:
+    def fmt(at: float) -> str:
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    return f"{fmt(since)} to {fmt(until)}"
+
+
+def _redacted(url: str) -> str:
+    """The URL without credentials a query string might carry."""
+    return re.sub(r"(?i)(secret|token|password|key)=[^&]*", r"\1=***", url)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
