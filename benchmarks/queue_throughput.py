@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -161,34 +161,39 @@ def objq_run(storage: str, workload: str, concurrency: int, ops: int, backlog: i
                 q.ack(deliveries[0])
 
         work = enqueue if workload == "enqueue" else cycle
-        gate = threading.Barrier(concurrency + 1)
-        errors: list[BaseException] = []
-
-        def worker(first: int, count: int) -> None:
-            gate.wait()
-            try:
-                work(first, count)
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [
-            threading.Thread(target=worker, args=(starts[i], shares[i])) for i in range(concurrency)
-        ]
-        for thread in threads:
-            thread.start()
+        jobs = [(starts[i], shares[i]) for i in range(concurrency)]
         metrics = q.metrics()
         state0, archive0 = metrics.state_writes, metrics.archive_writes
-        gc.collect()
-        gate.wait()
-        started = time.perf_counter()
-        for thread in threads:
-            thread.join()
-        elapsed = time.perf_counter() - started
-        if errors:
-            raise errors[0]
+        elapsed = _timed_threads(work, jobs)
         return Sample(
             ops, elapsed, metrics.state_writes - state0, metrics.archive_writes - archive0
         )
+
+
+def _timed_threads(work: Callable[[int, int], None], jobs: list[tuple[int, int]]) -> float:
+    """Run ``work(*job)`` on one thread per job, all released at once; the seconds taken."""
+    gate = threading.Barrier(len(jobs) + 1)
+    errors: list[BaseException] = []
+
+    def worker(first: int, count: int) -> None:
+        gate.wait()
+        try:
+            work(first, count)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=job) for job in jobs]
+    for thread in threads:
+        thread.start()
+    gc.collect()
+    gate.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return elapsed
 
 
 # --- jqueue: BrokerQueue (its group-commit API) driven by asyncio tasks --------------------

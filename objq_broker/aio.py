@@ -288,8 +288,8 @@ class AsyncQueue:
     def metrics(self) -> EngineMetrics:
         return self.sync.metrics()
 
-    async def flush(self) -> None:
-        await asyncio.to_thread(self.sync.flush)
+    async def flush(self, timeout: float | None = None) -> None:
+        await asyncio.to_thread(self.sync.flush, timeout)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.sync.close)

@@ -37,6 +37,8 @@ from objq_broker.model.checks import (
 from objq_broker.model.records import Job, JobState, QueueConfig, encode_payload
 from objq_broker.model.state import NewJob, StagedBodies, settings_of
 
+__all__ = ["Delay", "Delivery", "StagedBodies"]
+
 #: A span of time as callers give it: seconds, a timedelta, or nothing.
 Delay = float | int | timedelta | None
 
@@ -297,7 +299,8 @@ def release(held: Sequence[Delivery]) -> ops.Release:
 
 
 def _ids(ids: Sequence[str] | None, where: str) -> list[str] | None:
-    return checked({"ids": None if ids is None else list(ids)}, _Ids, where).ids
+    given = list(ids) if isinstance(ids, list | tuple) else ids
+    return checked({"ids": given}, _Ids, where).ids
 
 
 def retry_dead(queue: str, ids: Sequence[str] | None) -> ops.RetryDead:

@@ -432,20 +432,23 @@ class QueueState:
         if len(set(keys)) != len(keys):
             raise ConfigurationError(f"{where}: a bodies object is listed twice in {keys}")
         for item in staged:
-            if item.count < 1:
-                raise ConfigurationError(f"{where}: {item.key} has {item.count} entries")
-            if item.key in self.doc.bodies:
-                raise ConfigurationError(f"{where}: jobs already refer to {item.key}")
-            for extra, name in ((item.priorities, "priorities"), (item.delays, "delays")):
-                if extra is not None and len(extra) != item.count:
-                    raise ConfigurationError(
-                        f"{where}: {item.key} has {item.count} entries but {len(extra)} {name}"
-                    )
+            self._check_staged_object(item, where)
         if len(set(ids)) != len(ids):
             raise ConfigurationError(f"{where}: the job ids are not unique")
         taken = [i for i in ids if i in self.jobs or i in self.dead]
         if taken:
             raise ConfigurationError(f"{where}: job ids {taken[:5]} already exist")
+
+    def _check_staged_object(self, item: StagedBodies, where: str) -> None:
+        if item.count < 1:
+            raise ConfigurationError(f"{where}: {item.key} has {item.count} entries")
+        if item.key in self.doc.bodies:
+            raise ConfigurationError(f"{where}: jobs already refer to {item.key}")
+        for extra, name in ((item.priorities, "priorities"), (item.delays, "delays")):
+            if extra is not None and len(extra) != item.count:
+                raise ConfigurationError(
+                    f"{where}: {item.key} has {item.count} entries but {len(extra)} {name}"
+                )
 
     # --- consuming -------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ObjqError, QueueError
 from objq_broker.model.bodies import encode_bodies
 from objq_broker.model.records import encode_payload
-from objq_broker.model.state import StagedBodies
+from objq_broker.ops import StagedBodies
 from objq_broker.queue import Queue
 from objq_broker.spark.rows import RowPlan
 from objq_broker.storage import ObjectStore, open_store

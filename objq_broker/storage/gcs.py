@@ -321,6 +321,17 @@ class GCSStore:
             return AccessDenied(f"{where}: {action} failed: credentials refused ({exc})")
         if not isinstance(exc, api_exceptions.GoogleAPICallError):
             return StorageError(f"{where}: {action} failed: {exc}")
+        return self._status_error(exc, where, action, if_absent, if_version)
+
+    def _status_error(
+        self,
+        exc: api_exceptions.GoogleAPICallError,
+        where: str,
+        action: str,
+        if_absent: bool,
+        if_version: str | None,
+    ) -> StorageError:
+        """The storage error an HTTP status of GCS stands for."""
         status = int(exc.code or 0)
         said = f"GCS said {status}: {exc.message}"
         if status == 412:
