@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -16,49 +15,19 @@ from objq_broker.cli.output import UsageError, age, print_json, size, table, whe
 from objq_broker.cli.render import job_dict, payload_fields, payload_preview
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import JobNotFound
+from objq_broker.model import durations
 from objq_broker.model.records import Job, QueueConfig
-
-#: Units accepted in durations (``90s``, ``15m``, ``2h``, ``7d``).
-DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(text: str) -> float:
     """Seconds from ``90``, ``90s``, ``15m``, ``2h`` or ``7d``."""
-    raw = text.strip().lower()
-    unit = DURATION_UNITS.get(raw[-1:])
-    number = raw[:-1] if unit is not None else raw
-    try:
-        seconds = float(number) * (unit or 1.0)
-    except ValueError:
-        raise UsageError(
-            f"duration: expected a number of seconds or a number with s/m/h/d, found {text!r}"
-        ) from None
-    if seconds < 0:
-        raise UsageError(f"duration: expected zero or more, found {text!r}")
-    return seconds
+    return durations.parse_duration(text)
 
 
 def parse_time(text: str) -> float:
     """A Unix time from an ISO 8601 date/time (UTC unless it says otherwise), a Unix time
     in seconds, or a duration (``2h``) meaning that long ago."""
-    raw = text.strip()
-    try:
-        stamp = datetime.fromisoformat(raw)
-    except ValueError:
-        pass
-    else:
-        if stamp.tzinfo is None:
-            stamp = stamp.replace(tzinfo=UTC)
-        return stamp.timestamp()
-    try:
-        if raw[-1:].lower() in DURATION_UNITS:
-            return time.time() - parse_duration(raw)
-        return float(raw)
-    except (ValueError, UsageError):
-        raise UsageError(
-            f"time: expected ISO 8601 (2026-11-26T10:00), Unix seconds or an age (2h), "
-            f"found {text!r}"
-        ) from None
+    return durations.parse_time(text, time.time())
 
 
 # --- status ----------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import html
 import os
-import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -31,36 +30,13 @@ from typing import Any
 
 from objq_broker.engine.options import URL_ENV
 from objq_broker.errors import ConfigurationError
+from objq_broker.model.durations import parse_time
+from objq_broker.storage.base import redacted
 
 #: Percentiles reported for queue wait and run time.
 PERCENTILES = (0.5, 0.9, 0.99)
 #: Where the report goes when ``--out`` is not given.
 DEFAULT_OUT = "objq-report"
-_RELATIVE = re.compile(r"^-?(\d+(?:\.\d+)?)([smhd])$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_time(text: str, now: float, where: str) -> float:
-    """Unix seconds from ISO 8601 (UTC when no zone is given), Unix seconds, or an age such
-    as ``90m``, ``24h``, ``7d`` (that long before ``now``)."""
-    relative = _RELATIVE.match(text.strip())
-    if relative:
-        return now - float(relative.group(1)) * _UNIT_SECONDS[relative.group(2)]
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise ConfigurationError(
-            f"{where}: expected an ISO 8601 time, Unix seconds or an age like 24h, found {text!r}"
-        ) from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.timestamp()
-
-
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="objq report", description="Throughput, latency and failures from the archive."
@@ -186,7 +162,7 @@ def write_report(
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head>
 <body><h1>{title}</h1>
-<p>Store: <code>{html.escape(_redacted(url))}</code>. Jobs: {int(tasks["jobs"].sum())},
+<p>Store: <code>{html.escape(redacted(url))}</code>. Jobs: {int(tasks["jobs"].sum())},
 dead: {int(tasks["dead"].sum())}. Times in seconds; wait = started - enqueued,
 run = finished - started.</p>
 <h2>Per task</h2>
@@ -205,11 +181,6 @@ def _span(since: float, until: float) -> str:
         return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
     return f"{fmt(since)} to {fmt(until)}"
-
-
-def _redacted(url: str) -> str:
-    """The URL without credentials a query string might carry."""
-    return re.sub(r"(?i)(secret|token|password|key)=[^&]*", r"\1=***", url)
 
 
 if __name__ == "__main__":
