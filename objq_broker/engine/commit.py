@@ -49,6 +49,7 @@ from objq_broker.errors import (
     StorageError,
     WriterFenced,
 )
+from objq_broker.model.backoff import backoff_seconds
 from objq_broker.model.bodies import bodies_key, encode_bodies
 from objq_broker.model.ops import Nothing, Op
 from objq_broker.model.records import (
@@ -341,7 +342,7 @@ class Engine:
                 if time.monotonic() >= deadline:
                     self._fail(live, self._deadline_error(exc, tries, self._uncertain))
                     return
-                pause = min(1.0, 0.005 * 2 ** min(tries, 8)) * (0.5 + self._rng.random())
+                pause = backoff_seconds(tries, 0.005, 1.0, self._rng.random())
                 time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
 
     def _try_commit(self, live: list[_Op], fresh: bool, latest: bool) -> bool:

@@ -23,6 +23,7 @@ from typing import Annotated
 import msgspec
 
 from objq_broker.errors import ConfigurationError, JobNotFound, LeaseLost, QueueNotFound
+from objq_broker.model.backoff import backoff_seconds
 from objq_broker.model.bodies import INLINE_MAX_BYTES, split_ref
 from objq_broker.model.checks import (
     MAX_QUEUE_NAME,
@@ -131,10 +132,8 @@ def settings_of(
     return checked(merged, QueueConfig, f"queue {queue!r}")
 
 
-def retry_delay(attempts: int, base: float, cap: float, jitter: float) -> float:
-    """Capped exponential backoff with "equal jitter": half fixed, half drawn (0 <= jitter < 1)."""
-    raw = min(cap, base * 2.0 ** max(attempts - 1, 0))
-    return raw * (0.5 + 0.5 * jitter)
+#: The backoff of a failed job's next attempt (kept under its old name for callers).
+retry_delay = backoff_seconds
 
 
 def snapshot(job: Job) -> Job:
