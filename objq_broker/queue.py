@@ -20,8 +20,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-import msgspec
-
 from objq_broker import ops
 from objq_broker.engine.commit import Engine, EngineMetrics
 from objq_broker.engine.options import resolve_store
@@ -334,10 +332,7 @@ class Queue:
 
     def fill(self, job: Job) -> Job:
         """``job`` with its payload loaded, if the state keeps it out of line."""
-        if job.ref is None or job.body:
-            return job
-        body, b64 = self.committer.bodies.load(job.ref)
-        return msgspec.structs.replace(job, body=body, b64=b64)
+        return self.committer.bodies.fill(job)
 
     def fill_deliveries(self, deliveries: list[Delivery]) -> list[Delivery]:
         return [Delivery(self.fill(d.job), d.token) for d in deliveries]

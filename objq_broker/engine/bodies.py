@@ -13,6 +13,7 @@ import msgspec
 
 from objq_broker.errors import ObjectNotFound, StateCorrupt
 from objq_broker.model.bodies import BodyEntry, decode_bodies, split_ref
+from objq_broker.model.records import Job
 from objq_broker.storage.base import ObjectStore
 
 #: Bytes of decoded bodies a process keeps in memory. A consumer reads the bodies of what it
@@ -62,6 +63,17 @@ class BodyCache:
             found = self._objects.pop(key, None)
             if found is not None:
                 self._bytes -= found[1]
+
+    def fill(self, job: Job, *, inline: bool = False) -> Job:
+        """``job`` with its payload in place when the state keeps it out of line (``job``
+        itself otherwise). ``inline`` also drops the reference, for a record that must stand
+        on its own (the archive). A missing bodies object raises :class:`StateCorrupt`."""
+        if job.ref is None or job.body:
+            return job
+        body, b64 = self.load(job.ref)
+        if inline:
+            return msgspec.structs.replace(job, body=body, b64=b64, ref=None)
+        return msgspec.structs.replace(job, body=body, b64=b64)
 
     def load(self, ref: str) -> _Entry:
         key, index = split_ref(ref)

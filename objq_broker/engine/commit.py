@@ -32,8 +32,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import msgspec
-
 from objq_broker.engine.archive import archive_key
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.janitor import Janitor
@@ -469,14 +467,11 @@ class Engine:
 
     def _inline(self, job: Job) -> Job:
         """``job`` with its body in place, for an archive record that stands on its own."""
-        if job.ref is None or job.body:
-            return job
         try:
-            body, b64 = self.bodies.load(job.ref)
+            return self.bodies.fill(job, inline=True)
         except ObjqError as exc:  # keep the reference rather than fail the commit
             log.warning("archiving job %s without its body: %s", job.id, exc)
             return job
-        return msgspec.structs.replace(job, body=body, b64=b64, ref=None)
 
     def _discard_written(self, attempt: _Attempt) -> None:
         """Remove what a commit that did not land wrote ahead of its state (best effort)."""

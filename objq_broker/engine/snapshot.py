@@ -12,8 +12,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import msgspec
-
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.commit import STATE_KEY
 from objq_broker.model.records import Job, JobState, QueueConfig, decode_state
@@ -98,7 +96,4 @@ class Snapshot:
 
     def fill(self, job: Job) -> Job:
         """``job`` with its payload, loaded from its bodies object if kept out of line."""
-        if job.ref is None or job.body:
-            return job
-        body, b64 = self.bodies.load(job.ref)
-        return msgspec.structs.replace(job, body=body, b64=b64)
+        return self.bodies.fill(job)

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import msgspec
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSourceReader,
@@ -254,10 +253,9 @@ class _RowBuilder:
             if self._bodies is None:
                 self._bodies = BodyCache(store)
             try:
-                body, b64 = self._bodies.load(job.ref)
+                job = self._bodies.fill(job, inline=True)
             except ObjqError:
                 return None  # its bodies object is gone (the job finished meanwhile)
-            job = msgspec.structs.replace(job, body=body, b64=b64, ref=None)
         return job.payload
 
     def flush(self) -> pa.RecordBatch:
