@@ -22,7 +22,13 @@ from objq_broker.engine.commit import EngineMetrics
 from objq_broker.model.ops import DeadLetters, Expire, FindJob, GetConfig, Op, QueueNames
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
 from objq_broker.model.state import QueueStats, StagedBodies
-from objq_broker.queue import Delay, Delivery, Queue, heartbeat_interval
+from objq_broker.queue import (
+    DEFAULT_POLL_SECONDS,
+    Delay,
+    Delivery,
+    Queue,
+    heartbeat_interval,
+)
 from objq_broker.storage import ObjectStore
 
 T = TypeVar("T")
@@ -52,12 +58,14 @@ class AsyncQueue:
         *,
         store: ObjectStore | None = None,
         owner: str | None = None,
-        poll_seconds: float | None = None,
+        poll_seconds: float = DEFAULT_POLL_SECONDS,
+        broker: str | None = None,
         **options: Any,
     ) -> None:
-        extra = {} if poll_seconds is None else {"poll_seconds": poll_seconds}
         #: The synchronous queue whose committer this one shares.
-        self.sync = Queue(url, store=store, owner=owner, **extra, **options)
+        self.sync = Queue(
+            url, store=store, owner=owner, poll_seconds=poll_seconds, broker=broker, **options
+        )
         self._commits = 0
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._lock = threading.Lock()

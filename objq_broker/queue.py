@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -24,7 +25,7 @@ from objq_broker import ops
 from objq_broker.engine.commit import Engine, EngineMetrics
 from objq_broker.engine.options import resolve_store
 from objq_broker.engine.port import Committer
-from objq_broker.errors import LeaseLost
+from objq_broker.errors import ConfigurationError, LeaseLost
 from objq_broker.model.ops import DeadLetters, Expire, FindJob, GetConfig, Op, QueueNames
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
 from objq_broker.model.state import QueueStats, StagedBodies
@@ -34,6 +35,8 @@ from objq_broker.storage import ObjectStore
 T = TypeVar("T")
 log = logging.getLogger("objq_broker.queue")
 
+#: Environment variable holding the broker's shared token (read when a queue is built).
+BROKER_TOKEN_ENV = "OBJQ_BROKER_TOKEN"
 #: How often ``claim(timeout=...)`` looks at the state again while the queue is empty.
 DEFAULT_POLL_SECONDS = 0.5
 
@@ -58,11 +61,13 @@ class Queue:
         store: ObjectStore | None = None,
         owner: str | None = None,
         poll_seconds: float = DEFAULT_POLL_SECONDS,
+        broker: str | None = None,
         **options: Any,
     ) -> None:
         self.store, engine_options = resolve_store(url, store, options, "Queue")
-        #: Where operations go: the local group-commit engine.
-        self.committer: Committer = Engine(self.store, **engine_options)
+        #: Where operations go: the local group-commit engine, or a broker that commits for
+        #: every process of the namespace.
+        self.committer: Committer = open_committer(self.store, broker, engine_options)
         self.owner = owner or default_owner()
         self.poll_seconds = poll_seconds
         self._arrivals = threading.Condition()
@@ -392,6 +397,23 @@ class Queue:
     def close(self) -> None:
         """Commit what is pending and stop the writer. The store stays usable by others."""
         self.committer.close()
+
+
+def open_committer(store: ObjectStore, broker: str | None, options: dict[str, Any]) -> Committer:
+    """The local engine, or with ``broker`` (``host:port``) a client of that broker (preview:
+    a broker started with ``objq broker``; its token from ``$OBJQ_BROKER_TOKEN``)."""
+    if broker is None:
+        return Engine(store, **options)
+    from objq_broker.broker.client import BrokerClient  # needs grpcio: imported when asked for
+
+    extra = sorted(set(options) - {"commit_deadline_seconds"})
+    if extra:
+        raise ConfigurationError(
+            f"Queue: engine options {extra} have no effect with broker={broker!r} (the broker's "
+            "engine commits); expected none, or commit_deadline_seconds"
+        )
+    token = os.environ.get(BROKER_TOKEN_ENV) or None
+    return BrokerClient(store, broker, token=token, **options)
 
 
 def heartbeat_interval(deliveries: Sequence[Delivery], every: float | None) -> float:

@@ -147,7 +147,14 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     sub.add_argument("--timeout", metavar="SECONDS", help="for jobs that set none")
     sub.add_argument("--burst", action="store_true", help="exit once the queue is empty")
 
-    from objq_broker.cli import demo
+    from objq_broker.cli import broker, demo
+
+    sub = _add(commands, common, "broker", broker.cmd_broker, "commit for other processes")
+    sub.add_argument(
+        "--listen",
+        default="127.0.0.1:7700",
+        help="host:port to serve on (127.0.0.1:7700); beyond loopback needs $OBJQ_BROKER_TOKEN",
+    )
 
     sub = _add(commands, common, "demo", demo.cmd_demo, "a few thousand jobs, start to end")
     sub.add_argument("--jobs", type=_positive, default=demo.DEFAULT_JOBS)

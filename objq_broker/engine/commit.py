@@ -146,6 +146,7 @@ class Engine:
         max_staleness_seconds: float = DEFAULT_MAX_STALENESS_SECONDS,
         idle_tick_seconds: float = DEFAULT_IDLE_TICK_SECONDS,
         epoch: int = 0,
+        exclusive: bool = False,
         clock: Callable[[], float] = time.time,
         seed: int | None = None,
     ) -> None:
@@ -164,6 +165,9 @@ class Engine:
         self.max_staleness_seconds = max_staleness_seconds
         self.idle_tick_seconds = idle_tick_seconds
         self.epoch = epoch
+        #: This engine is the namespace's only writer (a broker): its cached state is the
+        #: stored one, so it reads only after a conflict, never to look for others' changes.
+        self.exclusive = exclusive
         self.clock = clock
         self.metrics = EngineMetrics()
         #: Payload bodies kept out of the state, cached by bodies object.
@@ -385,6 +389,8 @@ class Engine:
         """The cached state, re-read when unknown, forced, asked for, or too old."""
         stale = time.monotonic() - self._synced_at > self.max_staleness_seconds
         if self._state is not None and not force and not latest and not (fresh and stale):
+            return self._state
+        if self._state is not None and not force and self.exclusive:
             return self._state
         blob = self.store.read(self.key)
         self.metrics.state_reads += 1

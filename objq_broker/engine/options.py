@@ -22,6 +22,7 @@ ENGINE_OPTIONS = frozenset(
         "max_staleness_seconds",
         "idle_tick_seconds",
         "epoch",
+        "exclusive",
         "clock",
         "seed",
     }

@@ -37,6 +37,8 @@ from objq_broker.storage.base import redacted
 PERCENTILES = (0.5, 0.9, 0.99)
 #: Where the report goes when ``--out`` is not given.
 DEFAULT_OUT = "objq-report"
+
+
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="objq report", description="Throughput, latency and failures from the archive."

@@ -1,0 +1,99 @@
+"""What a broker client and a broker say to each other: operations and their outcomes as JSON.
+
+A request is a list of operations (:mod:`objq_broker.model.ops`, tagged msgspec structs); the
+broker decodes them with every constraint checked again, as if they had been built locally. A
+response is one outcome per operation, in order: its result, encoded as the operation's result
+type says, or the error that refused it (its class name, from the one tree in
+:mod:`objq_broker.errors`, and its message), which the client raises again as the same class.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from objq_broker import errors
+from objq_broker.model import ops
+
+_encoder = msgspec.json.Encoder()
+_request_decoder = msgspec.json.Decoder(list[ops.ANY_OP])
+
+
+class Done(msgspec.Struct, tag=True, frozen=True):
+    """The operation succeeded; ``value`` is its result, encoded."""
+
+    value: msgspec.Raw
+
+
+class Refused(msgspec.Struct, tag=True, frozen=True):
+    """The operation failed with ``error`` (a class of :mod:`objq_broker.errors`)."""
+
+    error: str
+    message: str
+
+
+Outcome = Done | Refused
+_response_decoder = msgspec.json.Decoder(list[Outcome])
+
+
+def encode_request(batch: Sequence[ops.Op[Any]]) -> bytes:
+    return _encoder.encode(list(batch))
+
+
+def decode_request(data: bytes) -> list[ops.Op[Any]]:
+    """The operations of a request; :class:`~objq_broker.errors.ConfigurationError` if any is
+    malformed or out of range (nothing of the request is applied then)."""
+    try:
+        decoded: list[ops.Op[Any]] = _request_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise errors.ConfigurationError(f"broker request: {exc}") from None
+    return decoded
+
+
+def outcome_of(value: object = None, error: BaseException | None = None) -> Outcome:
+    if error is None:
+        return Done(msgspec.Raw(_encoder.encode(value)))
+    name = type(error).__name__ if isinstance(error, errors.ObjqError) else "ObjqError"
+    return Refused(name, str(error) or type(error).__name__)
+
+
+def encode_response(outcomes: Sequence[Outcome]) -> bytes:
+    return _encoder.encode(list(outcomes))
+
+
+def decode_response(data: bytes, batch: Sequence[ops.Op[Any]]) -> list[tuple[bool, Any]]:
+    """``(True, result)`` or ``(False, exception)`` per operation of ``batch``."""
+    outcomes = _response_decoder.decode(data)
+    if len(outcomes) != len(batch):
+        raise errors.StorageError(
+            f"broker response: expected {len(batch)} outcomes, found {len(outcomes)}"
+        )
+    decoded: list[tuple[bool, Any]] = []
+    for op, outcome in zip(batch, outcomes, strict=True):
+        if isinstance(outcome, Done):
+            decoded.append((True, msgspec.json.decode(outcome.value, type=result_type(type(op)))))
+        else:
+            decoded.append((False, error_of(outcome)))
+    return decoded
+
+
+def error_of(refused: Refused) -> errors.ObjqError:
+    """The exception a refusal stands for: the same class when it is one of objq's."""
+    kind = getattr(errors, refused.error, None)
+    if not (isinstance(kind, type) and issubclass(kind, errors.ObjqError)):
+        kind = errors.ObjqError
+    return kind(refused.message)
+
+
+def result_type(op_type: type[ops.Op[Any]]) -> Any:
+    """The result type ``T`` an operation class declares as ``Op[T]`` (or ``Read[T]``)."""
+    for klass in op_type.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            if typing.get_origin(base) in (ops.Op, ops.Read):
+                (argument,) = typing.get_args(base)
+                if not isinstance(argument, typing.TypeVar):
+                    return argument
+    raise TypeError(f"{op_type.__name__} does not declare its result type")
