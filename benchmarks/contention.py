@@ -8,19 +8,23 @@ reports jobs enqueued, jobs completed, failed calls, the p99 call latency, the s
 process's share of its role's mean, and state writes per 1,000 operations.
 
     python benchmarks/contention.py                      # 1, 2, 4, 8 processes, 8 s each
-    python benchmarks/contention.py --processes 4 8 16 --seconds 12
+    python benchmarks/contention.py --processes 4 8 16 --seconds 12 --modes direct broker
 
-Every process runs its own commit loop against the one state object (direct mode): this is the
-measurement behind the elected broker and behind fair conflict retries.
+``direct``: every process runs its own commit loop against the one state object. ``broker``:
+an ``objq broker`` process commits for all of them (``Queue(url, broker=address)``). State
+writes are counted from the state's commit counter, so both modes count the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import multiprocessing as mp
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +35,8 @@ from typing import Any
 from provenance import objq_revision
 
 from objq_broker import Queue
+from objq_broker.engine.snapshot import Snapshot
+from objq_broker.storage import open_store
 
 QUEUE = "contention"
 PAYLOAD = b'{"task": "noop", "args": [1]}'
@@ -45,13 +51,16 @@ class Tally:
     done: int = 0
     failed: int = 0
     latencies: list[float] = field(default_factory=list)
-    state_writes: int = 0
     errors: list[str] = field(default_factory=list)
 
 
-def run_process(url: str, role: str, start_at: float, seconds: float, out: Any) -> None:
+def run_process(
+    where: tuple[str, str | None], role: str, start_at: float, seconds: float, out: Any
+) -> None:
+    """One producer or worker on store ``where[0]``, through broker ``where[1]`` if given."""
+    url, broker = where
     tally = Tally(role)
-    with Queue(url) as q:
+    with Queue(url, broker=broker) as q:
         while time.time() < start_at:
             time.sleep(0.001)
         end = start_at + seconds
@@ -71,7 +80,6 @@ def run_process(url: str, role: str, start_at: float, seconds: float, out: Any) 
                 tally.errors.append(f"{type(exc).__name__}: {exc}"[:200])
             tally.calls += 1
             tally.latencies.append(time.perf_counter() - started)
-        tally.state_writes = q.metrics().state_writes
     out.put(tally)
 
 
@@ -81,18 +89,33 @@ def remaining_jobs(url: str) -> int:
         return stats.ready + stats.delayed + stats.in_flight
 
 
-def run_case(processes: int, seconds: float) -> dict[str, Any]:
+def start_broker(url: str) -> tuple[subprocess.Popen[bytes], str]:
+    command = [sys.executable, "-m", "objq_broker.cli", "broker", "--url", url, "--json"]
+    broker = subprocess.Popen(
+        [*command, "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    assert broker.stdout is not None
+    return broker, json.loads(broker.stdout.readline())["address"]
+
+
+def commits(url: str) -> int:
+    return Snapshot.read(open_store(url)).version
+
+
+def run_case(processes: int, seconds: float, mode: str) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="objq-contention-"))
     url = folder.as_uri()
+    broker, address = start_broker(url) if mode == "broker" else (None, None)
     try:
-        with Queue(url) as q:
+        with Queue(url, broker=address) as q:
             q.declare(QUEUE)
+        before = commits(url)
         roles = ["producer" if i % 2 == 0 else "worker" for i in range(processes)]
         context = mp.get_context("spawn")
         out = context.Queue()
         start_at = time.time() + 3.0  # every child imported and opened its queue by then
         children = [
-            context.Process(target=run_process, args=(url, role, start_at, seconds, out))
+            context.Process(target=run_process, args=((url, address), role, start_at, seconds, out))
             for role in roles
         ]
         for child in children:
@@ -100,12 +123,18 @@ def run_case(processes: int, seconds: float) -> dict[str, Any]:
         tallies: list[Tally] = [out.get(timeout=seconds + 120) for _ in children]
         for child in children:
             child.join()
-        return summarise(processes, seconds, tallies, remaining_jobs(url))
+        writes = commits(url) - before
+        return summarise(processes, seconds, tallies, remaining_jobs(url), writes)
     finally:
+        if broker is not None:
+            broker.terminate()
+            broker.wait(30)
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def summarise(processes: int, seconds: float, tallies: list[Tally], left: int) -> dict[str, Any]:
+def summarise(
+    processes: int, seconds: float, tallies: list[Tally], left: int, writes: int
+) -> dict[str, Any]:
     producers = [t for t in tallies if t.role == "producer"]
     workers = [t for t in tallies if t.role == "worker"]
     enqueued = sum(t.done for t in producers)
@@ -113,7 +142,6 @@ def summarise(processes: int, seconds: float, tallies: list[Tally], left: int) -
     latencies = sorted(x for t in tallies for x in t.latencies)
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else 0.0
     operations = enqueued + 2 * completed  # a completed job is a claim and an ack
-    writes = sum(t.state_writes for t in tallies)
     return {
         "processes": processes,
         "enqueued": enqueued,
@@ -140,21 +168,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--modes", nargs="+", choices=["direct", "broker"], default=["direct"])
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent
     print(
-        f"# contention on file://, direct mode, {args.seconds:g} s per case; "
+        f"# contention on file://, {args.seconds:g} s per case; "
         f"{objq_revision(root) or 'objq (not a checkout)'}; Python {platform.python_version()}"
     )
     print(
-        "| processes | enqueued | completed | left at end | failed calls | p99 (ms) | ops/s "
-        "| slowest / role mean | state writes per 1,000 ops |"
+        "| mode | processes | enqueued | completed | left at end | failed calls | p99 (ms) "
+        "| ops/s | slowest / role mean | state writes per 1,000 ops |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for count in args.processes:
-        row = run_case(count, args.seconds)
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for mode, count in itertools.product(args.modes, args.processes):
+        row = run_case(count, args.seconds, mode)
         print(
-            f"| {row['processes']} | {row['enqueued']:,} | {row['completed']:,} | "
+            f"| {mode} | {row['processes']} | {row['enqueued']:,} | {row['completed']:,} | "
             f"{row['left']:,} | {row['failed']} | {row['p99_ms']:.0f} | {row['ops_per_s']:,.0f} | "
             f"{row['slowest_share']:.2f} | {row['writes_per_1000']:.0f} |",
             flush=True,
