@@ -172,7 +172,7 @@ class AsyncQueue:
 
     async def claim(
         self,
-        queue: str,
+        queue: str | Sequence[str],
         n: int = 1,
         *,
         lease: Delay = None,
@@ -188,9 +188,7 @@ class AsyncQueue:
             while True:
                 seen = self._commits
                 claim = self.sync.submit_claim(queue, n, lease=lease, owner=owner)
-                found = await asyncio.wrap_future(claim)
-                if found and _out_of_line(d.job for d in found):
-                    found = await asyncio.to_thread(self.sync.fill_deliveries, found)
+                found = await asyncio.wrap_future(self.sync.then_fill(claim))
                 if found or end is None or time.monotonic() >= end:
                     return found
                 await self._next_commit(seen + 1, event, end)

@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import logging
-import os
 import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any
 
 try:
     import dramatiq
@@ -43,12 +40,10 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
         "objq_broker.dramatiq needs Dramatiq: pip install 'objq-broker[dramatiq]'"
     ) from exc
 
+from objq_broker.consume import ClaimWindow, LeaseKeeper, positive_seconds, seconds_from_env
 from objq_broker.errors import ConfigurationError, QueueClosed, StorageError
 from objq_broker.queue import Delivery, Queue
 from objq_broker.storage import ObjectStore
-
-T = TypeVar("T")
-log = logging.getLogger("objq_broker.dramatiq")
 
 #: A message is redelivered this long after its worker stopped heartbeating it.
 DEFAULT_LEASE_SECONDS = 30.0
@@ -60,23 +55,8 @@ DEFAULT_MAX_DELIVERIES = 20
 LEASE_ENV = "OBJQ_LEASE_SECONDS"
 #: Most messages a consumer claims ahead of its worker threads (see ``max_claim``).
 DEFAULT_MAX_CLAIM = 256
-#: Claimed messages that wait this long for a worker thread are given back to the queue.
-HOARD_SECONDS = 1.0
 #: How many actor exceptions the broker remembers for ``join(fail_fast=True)``.
 _REMEMBERED_FAILURES = 1000
-
-
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ConfigurationError(f"${name}: expected a positive number of seconds, found {raw!r}")
-    return value
 
 
 @contextlib.contextmanager
@@ -134,8 +114,16 @@ class ObjqBroker(dramatiq.Broker):
             )
         self.client = queue if queue is not None else Queue(url, store=store, **options)
         self.queues: set[str] = set()
-        self.lease_seconds = lease_seconds or _env_seconds(LEASE_ENV, DEFAULT_LEASE_SECONDS)
-        self.heartbeat_seconds = heartbeat_seconds or self.lease_seconds / 3.0
+        self.lease_seconds = (
+            positive_seconds(lease_seconds, "lease_seconds", where="ObjqBroker")
+            if lease_seconds
+            else seconds_from_env(LEASE_ENV, DEFAULT_LEASE_SECONDS)
+        )
+        self.heartbeat_seconds = (
+            positive_seconds(heartbeat_seconds, "heartbeat_seconds", where="ObjqBroker")
+            if heartbeat_seconds
+            else self.lease_seconds / 3.0
+        )
         self.dead_message_ttl = dead_message_ttl
         self.max_deliveries = max_deliveries
         if max_claim < 1:
@@ -149,8 +137,7 @@ class ObjqBroker(dramatiq.Broker):
             collections.OrderedDict()
         )
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._heartbeat: threading.Thread | None = None
+        self._keeper: LeaseKeeper | None = None  # started by the first consumer
 
     @property
     def consumer_class(self) -> type[_ObjqConsumer]:
@@ -164,11 +151,16 @@ class ObjqBroker(dramatiq.Broker):
         consumer = self.consumer_class(self, queue_name, prefetch, timeout)
         with self._lock:
             self._consumers.add(consumer)
-            if self._heartbeat is None:
-                self._heartbeat = threading.Thread(
-                    target=self._beat, name="objq-dramatiq-heartbeat", daemon=True
+            if self._keeper is None:
+                self._keeper = LeaseKeeper(
+                    self.client,
+                    interval_seconds=self.heartbeat_seconds,
+                    lease_seconds=self.lease_seconds,
+                    name="objq-dramatiq-heartbeat",
                 )
-                self._heartbeat.start()
+            keeper = self._keeper
+        # Prefetched and running messages alike, until the worker settles them.
+        keeper.register(consumer.window)
         return consumer
 
     def declare_queue(self, queue_name: str) -> None:
@@ -297,11 +289,10 @@ class ObjqBroker(dramatiq.Broker):
         return [dramatiq.Message.decode(job.payload) for job in jobs]
 
     def close(self) -> None:
-        self._stop.set()
+        if self._keeper is not None:
+            self._keeper.stop()
         for consumer in list(self._consumers):
             consumer.close()
-        if self._heartbeat is not None:
-            self._heartbeat.join()
         self.client.close()
 
     # --- bookkeeping for consumers ---------------------------------------------------------
@@ -313,21 +304,6 @@ class ObjqBroker(dramatiq.Broker):
             while len(self._failures) > _REMEMBERED_FAILURES:
                 self._failures.popitem(last=False)
 
-    def _beat(self) -> None:
-        """Extend every lease this process holds, in one operation per interval."""
-        while not self._stop.wait(self.heartbeat_seconds):
-            held = [d for consumer in list(self._consumers) for d in consumer.held()]
-            if not held:
-                continue
-            try:
-                alive = self.client.heartbeat(held, lease=self.lease_seconds)
-            except Exception as exc:  # keep beating: storage may come back before leases end
-                log.warning("heartbeat of %d messages failed: %s", len(held), exc)
-                continue
-            lost = [d.id for d, ok in zip(held, alive or [], strict=False) if not ok]
-            if lost:
-                log.warning("lost the leases of %d messages: %s", len(lost), lost[:10])
-
 
 class _ObjqMessageProxy(dramatiq.MessageProxy):
     """A message and the lease it was delivered under (kept off ``message.options``)."""
@@ -338,45 +314,38 @@ class _ObjqMessageProxy(dramatiq.MessageProxy):
 
 
 class _ObjqConsumer(dramatiq.Consumer):
+    """Dramatiq's view of a :class:`~objq_broker.consume.ClaimWindow`: the window claims ahead
+    and gives back; this hands its messages to the worker within Dramatiq's prefetch."""
+
     def __init__(self, broker: ObjqBroker, queue_name: str, prefetch: int, timeout: int) -> None:
         self.broker = broker
         self.client = broker.client
         self.queue_name = queue_name
         self.prefetch = prefetch
         self.timeout = timeout
-        # How many messages may be claimed and not yet finished (cached + running + asked).
-        self._window = prefetch
-        self._max_window = max(prefetch, broker.max_claim)
-        self._cache: collections.deque[Delivery] = collections.deque()
-        # When a thread last took a cached message (or the cache was filled from empty).
-        self._taken_at = 0.0
-        self._running: dict[str, Delivery] = {}  # lease token -> delivery handed to the worker
-        self._lock = threading.Lock()
-        self._room = threading.Condition(self._lock)  # notified when a worker finishes one
-        self._closed = False
-        # A claim submitted ahead, while cached messages are still being handed out, so the
-        # next batch is committed together with the acks of this one.
-        self._ahead: Future[list[Delivery]] | None = None
-        self._asked = 0
+        self.window = ClaimWindow(
+            broker.client,
+            [queue_name],
+            prefetch=prefetch,
+            max_window=max(prefetch, broker.max_claim),
+        )
 
-    def held(self) -> list[Delivery]:
-        with self._lock:
-            return [*self._cache, *self._running.values()]
-
-    def _done(self, message: dramatiq.MessageProxy) -> Delivery:
+    def _settled(self, message: dramatiq.MessageProxy) -> Delivery | None:
+        """The message's delivery, no longer held; None if its lease was lost meanwhile (an
+        ack would be refused: another worker may hold the message now)."""
         delivery: Delivery = message._delivery
-        with self._lock:
-            self._running.pop(delivery.token, None)
-            self._room.notify()
-        return delivery
+        return self.window.settle(delivery.token)
 
     def ack(self, message: dramatiq.MessageProxy) -> None:
-        delivery = self._done(message)
-        with _connection_errors():
-            self.client.ack(delivery, wait=False)
+        delivery = self._settled(message)
+        if delivery is not None:
+            with _connection_errors():
+                self.client.ack(delivery, wait=False)
 
     def nack(self, message: dramatiq.MessageProxy) -> None:
-        delivery = self._done(message)
+        delivery = self._settled(message)
+        if delivery is None:
+            return
         exc = message._exception
         self.broker._remember_failure(message.message_id, exc)
         error = None if exc is None else f"{type(exc).__name__}: {exc}"
@@ -384,116 +353,30 @@ class _ObjqConsumer(dramatiq.Consumer):
             self.client.nack(delivery, error=error, retry=False, wait=False)
 
     def requeue(self, messages: Iterable[dramatiq.MessageProxy]) -> None:
-        deliveries = [self._done(m) for m in messages]
-        if deliveries:
-            with _connection_errors():
-                self.client.release(deliveries)
-
-    def _free(self) -> int:
-        """How many more messages may be claimed now."""
-        return self._window - len(self._running) - len(self._cache) - self._asked
-
-    def _fill(self, found: list[Delivery], asked: int, starved: bool) -> None:
-        """Cache claimed messages. A full batch that arrives after the threads ran out of work
-        means commits, not threads, are the limit: claim more per commit from now on."""
-        if starved and found and len(found) >= asked:
-            self._window = min(self._window * 2, self._max_window)
-        if not self._cache:
-            self._taken_at = time.monotonic()
-        self._cache.extend(found)
-
-    def _give_back_hoard(self) -> None:
-        """When no thread has taken a cached message for a while, the threads are the limit:
-        release what is claimed beyond the prefetch and claim no more than that."""
-        with self._lock:
-            if not self._cache or time.monotonic() - self._taken_at < HOARD_SECONDS:
-                return
-            self._window = self.prefetch
-            keep = max(0, self.prefetch - len(self._running))
-            extra = [self._cache.pop() for _ in range(len(self._cache) - keep)]
-            self._taken_at = time.monotonic()
-        if extra:
-            with _connection_errors():
-                self.client.release(extra, wait=False)
-
-    def _harvest(self, timeout: float = 0.0) -> None:
-        """Move the claim submitted ahead into the cache once it has committed."""
-        ahead = self._ahead
-        if ahead is None:
-            return
-        try:
-            found = ahead.result(timeout)
-        except TimeoutError:
-            return
-        except (StorageError, QueueClosed) as exc:
-            self._ahead, self._asked = None, 0
-            raise ConnectionClosed(exc) from exc
-        with self._lock:  # (payloads already loaded: the claim went through then_fill)
-            self._fill(found, self._asked, starved=not self._cache)
-            self._ahead, self._asked = None, 0
-
-    def _claim_ahead(self) -> None:
-        """With half the window free and messages still cached, claim the next batch now."""
-        with self._lock:
-            free = self._free()
-            if self._ahead is not None or self._closed or not self._cache:
-                return
-            if free < max(1, self._window // 2):
-                return
-            self._asked = free
+        tokens = [message._delivery.token for message in messages]
         with _connection_errors():
-            # Payloads kept out of line are read in parallel before the claim is harvested.
-            self._ahead = self.client.then_fill(self.client.submit_claim(self.queue_name, free))
+            self.window.give_back(tokens, wait=True)
 
-    def _take(self) -> Delivery | None:
-        if not self._cache:
-            return None
-        self._taken_at = time.monotonic()
-        return self._cache.popleft()
-
-    def _threads_busy(self) -> bool:
-        return len(self._running) >= self.prefetch
+    def _room_or_closed(self) -> bool:
+        return self.window.closed or self.window.in_hand < self.prefetch
 
     def __next__(self) -> dramatiq.MessageProxy | None:
-        self._harvest(0.0 if self._cache else self.timeout / 1000.0)
-        self._claim_ahead()
-        self._give_back_hoard()
-        with self._lock:
-            if self._threads_busy() and not self._closed:
-                # Prefetch is full: wait for a worker to finish one (or for the timeout, so
-                # the worker gets its idle wake-up), rather than sleeping a fixed interval.
-                self._room.wait_for(
-                    lambda: self._closed or not self._threads_busy(), self.timeout / 1000.0
-                )
+        timeout = self.timeout / 1000.0
+        with _connection_errors():
+            room = self.prefetch - self.window.in_hand
+            if room <= 0:
+                # Prefetch is full: claim ahead (or give back a hoard), then wait for a worker
+                # thread to finish one, or for the timeout (the worker needs its wake-ups).
+                self.window.poll(0)
+                self.window.wait(self._room_or_closed, timeout)
                 return None
-            delivery = self._take()
-            room = self._free()
-        if delivery is None and room > 0 and not self._closed:
-            with _connection_errors():
-                found = self.client.claim(self.queue_name, room, timeout=self.timeout / 1000.0)
-            with self._lock:
-                self._fill(found, room, starved=True)
-                delivery = self._take()
-        if delivery is None:
+            got = self.window.take(1, timeout=timeout)
+        if not got:
             return None
-        with self._lock:
-            self._running[delivery.token] = delivery
+        [delivery] = got
         return _ObjqMessageProxy(dramatiq.Message.decode(delivery.payload), delivery)
 
     def close(self) -> None:
-        """Give back prefetched messages that never reached a worker thread."""
-        with self._lock:
-            self._closed = True
-            self._room.notify_all()
-        try:
-            self._harvest(timeout=self.client.commit_deadline_seconds)
-        except ConnectionClosed as exc:
-            log.warning("a claim made ahead failed while closing: %s", exc)
-        with self._lock:
-            unstarted = list(self._cache)
-            self._cache.clear()
-        if unstarted:
-            try:
-                self.client.release(unstarted, wait=False)
-            except (StorageError, QueueClosed) as exc:
-                log.warning("could not release %d prefetched messages: %s", len(unstarted), exc)
+        """Give back prefetched messages that never reached a worker thread (the ones that
+        did stay leased until the worker settles them)."""
+        self.window.close()

@@ -238,21 +238,24 @@ class Queue:
 
     def claim(
         self,
-        queue: str,
+        queue: str | Sequence[str],
         n: int = 1,
         *,
         lease: Delay = None,
         owner: str | None = None,
         timeout: float | None = None,
     ) -> list[Delivery]:
-        """Lease up to ``n`` ready jobs, best priority first. With ``timeout``, wait up to
-        that many seconds for at least one; without, return at once (maybe empty)."""
+        """Lease up to ``n`` ready jobs, best priority first, from one queue or several (each
+        in the order given until ``n`` are found). With ``timeout``, wait up to that many
+        seconds for at least one; without, return at once (maybe empty). Payloads kept out of
+        line are read in parallel before this returns."""
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             seen = self._commits
-            found = self.submit_claim(queue, n, lease=lease, owner=owner).result()
+            claim = self.submit_claim(queue, n, lease=lease, owner=owner)
+            found = self.then_fill(claim).result()
             if found or end is None:
-                return self.fill_deliveries(found)
+                return found
             remaining = end - time.monotonic()
             if remaining <= 0:
                 return found

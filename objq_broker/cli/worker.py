@@ -2,9 +2,10 @@
 
 One process runs ``count`` commands at a time, each in a runner thread, and holds up to
 ``prefetch`` more claimed jobs waiting for a runner. Every job it holds, waiting or running, is
-a lease; one heartbeat thread extends them all in one operation every third of the lease, so a
-long command is never handed to another worker while this one lives, and a killed worker's jobs
-run again once their leases expire.
+a lease; one heartbeat thread (:class:`~objq_broker.consume.LeaseKeeper`) extends them all in one
+operation every third of the lease, so a long command is never handed to another worker while
+this one lives, and a killed worker's jobs run again once their leases expire. A waiting job
+whose lease was lost anyway (storage out of reach for a whole lease) is not started here.
 
 Exit code 0 acks the job; anything else nacks it with the tail of its stderr as the error, and
 the queue retries it after its exponential backoff or dead-letters it once its attempts are
@@ -23,12 +24,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Set
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
 from objq_broker.cli import cmdjob
 from objq_broker.cli.output import print_json
+from objq_broker.consume import LeaseKeeper, interval_for
 from objq_broker.errors import ConfigurationError, LeaseLost, ObjqError
 from objq_broker.queue import Delivery, Queue
 
@@ -70,6 +73,7 @@ class CommandWorker:
         self._cv = threading.Condition()
         self._waiting: collections.deque[Delivery] = collections.deque()
         self._running: dict[str, Delivery] = {}
+        self._lost: set[str] = set()  # lease tokens of running jobs whose leases were lost
         self._stopping = threading.Event()
         self._abort = threading.Event()
         self._claiming_done = False
@@ -98,8 +102,9 @@ class CommandWorker:
             threading.Thread(target=self._runner, name=f"objq-runner-{i}", daemon=True)
             for i in range(self.count)
         ]
-        beat = threading.Thread(target=self._heartbeat, name="objq-heartbeat", daemon=True)
-        for thread in [*runners, beat]:
+        keeper = LeaseKeeper(self.queue, interval_seconds=interval_for(self._lease_seconds))
+        keeper.register(self)
+        for thread in runners:
             thread.start()
         try:
             self._claim_loop()
@@ -111,7 +116,7 @@ class CommandWorker:
             for thread in runners:
                 thread.join()
             self._stopping.set()
-            beat.join()
+            keeper.stop()
             self.queue.flush()
         return self.tally
 
@@ -177,6 +182,7 @@ class CommandWorker:
             finally:
                 with self._cv:
                     self._running.pop(delivery.id, None)
+                    self._lost.discard(delivery.token)
                     self._cv.notify_all()
 
     def _process(self, delivery: Delivery) -> None:
@@ -216,28 +222,22 @@ class CommandWorker:
             }
         )
 
-    # --- leases ----------------------------------------------------------------------------
+    # --- leases (the LeaseKeeper's holder) ------------------------------------------------
 
-    def _heartbeat(self) -> None:
-        interval = max(self._lease_seconds / 3.0, 0.05)
-        while True:
-            with self._cv:
-                if self._claiming_done and not self._running:
-                    return
-                self._cv.wait(interval)
-                held = [*self._waiting, *self._running.values()]
-            if not held:
-                continue
-            try:
-                alive = self.queue.heartbeat(held) or []
-            except ObjqError as exc:  # keep beating: the next try may reach the storage
-                log.warning("heartbeat failed: %s", exc)
-                continue
-            with self._cv:  # a job settled meanwhile lost its lease by being acked
-                still = {*(d.id for d in self._waiting), *self._running}
-            for delivery, ok in zip(held, alive, strict=False):
-                if not ok and delivery.id in still:
-                    log.warning("job %s: lease lost; another worker may run it", delivery.id)
+    def held(self) -> list[Delivery]:
+        """Every job this worker holds: waiting for a runner, and running."""
+        with self._cv:
+            running = [d for d in self._running.values() if d.token not in self._lost]
+            return [*self._waiting, *running]
+
+    def drop(self, tokens: Set[str]) -> None:
+        """Leases lost (another worker may run these jobs): waiting ones are not started here,
+        running ones are no longer heartbeated (their settling will say ``lost``)."""
+        with self._cv:
+            kept = [d for d in self._waiting if d.token not in tokens]
+            self.tally.lost += len(self._waiting) - len(kept)
+            self._waiting = collections.deque(kept)
+            self._lost.update(d.token for d in self._running.values() if d.token in tokens)
 
     # --- output ----------------------------------------------------------------------------
 

@@ -1,18 +1,15 @@
 # mypy: disallow-untyped-calls=False
 # (kombu is only partly annotated)
-"""The kombu channel of the objq transport: queues, publishing, batched claims, and a QoS whose
-unacked messages are leases in the state (see :mod:`objq_broker.kombu`)."""
+"""The kombu channel of the objq transport: queues, publishing, consuming through a claim window
+(:class:`~objq_broker.consume.ClaimWindow`), and a QoS whose unacked messages are leases in the
+state (see :mod:`objq_broker.kombu`)."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
-import threading
 import time
-from collections.abc import Iterable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from collections.abc import Iterable, Set
 from queue import Empty
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +17,8 @@ from kombu.transport import virtual
 from kombu.utils.json import dumps, loads
 
 from objq_broker import ops
-from objq_broker.errors import QueueClosed, QueueError, QueueNotFound, StorageError
+from objq_broker.consume import ClaimWindow
+from objq_broker.errors import QueueNotFound
 from objq_broker.kombu.settings import TransportSettings
 from objq_broker.queue import Delivery, Queue
 
@@ -31,8 +29,6 @@ log = logging.getLogger("objq_broker.kombu")
 
 #: Why a message rejected without requeue is dead-lettered (kept with the dead letter).
 REJECTED = "rejected by the consumer (requeue=False)"
-#: Claimed messages that wait this long for the prefetch window to open are given back.
-HOARD_SECONDS = 1.0
 
 _Raw = tuple[dict[str, Any], str]  # (kombu message, queue)
 
@@ -69,20 +65,12 @@ class Channel(virtual.Channel):
 
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
-        self._held: dict[str, Delivery] = {}
-        self._held_lock = threading.Lock()
         self._no_ack_queues: set[str] = set()
         self._auto_delete: set[str] = set()
         self._turn = 0
-        # Messages claimed ahead of the prefetch window (leases, heartbeated like the rest),
-        # and a claim submitted while they are handed out, so it commits with their acks.
-        self._cache: collections.deque[_Raw] = collections.deque()
-        self._ahead: Future[list[Delivery]] | None = None
-        self._ahead_size = 0
-        self._window = 0  # how many to claim at once; starts at the prefetch window
-        self._taken_at = 0.0  # when a cached message was last delivered (or the cache filled)
-        self._settled = threading.Condition()  # notified when a message is acked or rejected
-        self._found_none = False  # the last claim came back empty: evented claims wait a poll
+        # Every delivery this channel holds, claimed ahead or handed to kombu (made on first
+        # use: a channel that never consumes opens nothing).
+        self._window: ClaimWindow | None = None
 
     @property
     def client(self) -> Queue:
@@ -91,6 +79,21 @@ class Channel(virtual.Channel):
     @property
     def settings(self) -> TransportSettings:
         return self.connection.settings
+
+    @property
+    def window(self) -> ClaimWindow:
+        """The claim window: claims ahead of the prefetch window (``basic_qos``), doubling up
+        to ``batch_size`` under a backlog, given back when the window stays shut a second."""
+        if self._window is None:
+            self._window = ClaimWindow(
+                self.client,
+                self._claim_order,
+                prefetch=self.qos.prefetch_count or None,
+                max_window=self.settings.batch_size,
+                lease_seconds=self.settings.visibility_timeout,
+                on_claimed=self.connection.wake,  # the event loop hands the claim out
+            )
+        return self._window
 
     # --- queues ----------------------------------------------------------------------------
 
@@ -241,12 +244,13 @@ class Channel(virtual.Channel):
         if no_ack:
             self._no_ack_queues.add(queue)
         result = super().basic_consume(queue, no_ack, *args, **kwargs)
-        self._found_none = False  # a new queue may have messages: look now, not at the next poll
+        self.window.look_again()  # a new queue may have messages: look now, not at the next poll
         self.connection.wake()
         return result
 
     def basic_qos(self, *args: Any, **kwargs: Any) -> Any:
         result = super().basic_qos(*args, **kwargs)
+        self.window.prefetch = self.qos.prefetch_count or None
         self.connection.wake()  # a larger prefetch window may take cached messages now
         return result
 
@@ -270,28 +274,22 @@ class Channel(virtual.Channel):
         return message
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
-        for index, (raw, name) in enumerate(self._cache):
-            if name == queue:
-                del self._cache[index]
-                return raw
         got = self._claim([queue], 1, no_ack=set())
         if not got:
             raise Empty()
         return got[0][0]
 
     def drain_events(self, timeout: float | None = None, callback: Any = None) -> None:
-        """Claim a batch (up to what the prefetch limit allows) from the consumed queues in
-        one commit, and deliver each message."""
+        """Deliver a batch of claimed messages (up to what the prefetch limit allows), from
+        the claim window or from one claim over the consumed queues."""
         callback = callback or self.connection._deliver
         if not self._consumers:
             raise Empty()
         if not self.qos.can_consume():
-            if self._cache and time.monotonic() - self._taken_at >= HOARD_SECONDS:
-                self._give_back_cache()
+            self.window.poll(0)  # claims ahead, or gives back what waited a second for room
             # kombu sleeps a whole polling interval after Empty; the prefetch window usually
             # opens within milliseconds (a task finished), so wait for that here instead.
-            with self._settled:
-                self._settled.wait_for(self.qos.can_consume, self.settings.polling_interval)
+            self.window.wait(self.qos.can_consume, self.settings.polling_interval)
             if not self.qos.can_consume():
                 raise Empty()
         self._get_many(self._active_queues, timeout, callback)
@@ -306,7 +304,7 @@ class Channel(virtual.Channel):
             # Messages of a no-ack queue are settled when claimed: never claim them ahead.
             got = self._claim(names, min(budget, self.settings.batch_size), self._no_ack_queues)
         else:
-            got = self._take_ahead(names, budget)
+            got = self._accept(self.window.take(budget, timeout=0, queues=names), set())
         if not got:
             raise Empty()
         for index, (raw, queue) in enumerate(got):
@@ -325,94 +323,33 @@ class Channel(virtual.Channel):
             names = names[self._turn :] + names[: self._turn]
         return names
 
-    def _take_ahead(self, names: list[str], budget: int) -> list[_Raw]:
-        """Up to ``budget`` messages (what the prefetch window allows now), from messages
-        claimed ahead. Claims are as large as the window (Celery's prefetch) to start with,
-        and double while a full batch is gone before the next one commits (a backlog of short
-        tasks), so one commit carries many messages and their acks; messages that wait over a
-        second for the window to open are given back for other workers."""
-        if not self._window:
-            self._window = min(max(budget, 1), self.settings.batch_size)
-        self._harvest(0.0)
-        if not self._cache:
-            self._submit_ahead(names)
-            self._harvest(None)  # nothing to hand out: wait for the claim
-        got = [self._cache.popleft() for _ in range(min(budget, len(self._cache)))]
-        if got:
-            self._taken_at = time.monotonic()
-        if self._cache and len(self._cache) < self._window // 2:
-            # Messages left over mean a backlog: claim the next batch now, so it commits
-            # together with the acks of these.
-            self._submit_ahead(names)
-        return got
-
-    def _submit_ahead(self, names: list[str]) -> None:
-        if self._ahead is None:
-            self._ahead_size = self._window
-            lease = self.settings.visibility_timeout
-            claim = self.client.submit_claim(names, self._window, lease=lease)
-            self._ahead = self.client.then_fill(claim)  # payloads read off this thread
-            self._ahead.add_done_callback(self._claim_done)
-
-    def _claim_done(self, _: Future[list[Delivery]]) -> None:
-        self.connection.wake()  # on the engine's writer thread: the event loop takes it over
-
-    def _harvest(self, timeout: float | None) -> None:
-        """Cache the claim submitted ahead once it has committed."""
-        ahead = self._ahead
-        if ahead is None:
-            return
-        try:
-            found = ahead.result(timeout)
-        except FutureTimeout:
-            return
-        finally:
-            if ahead.done():
-                self._ahead = None
-        starved = not self._cache
-        self._found_none = not found
-        got = self._accept(found, no_ack=set())
-        if starved and len(found) >= self._ahead_size:
-            self._window = min(self._window * 2, self.settings.batch_size)
-        if starved:
-            self._taken_at = time.monotonic()
-        self._cache.extend(got)
-
-    def _give_back_cache(self) -> None:
-        """The prefetch window stayed shut: release what was claimed ahead of it."""
-        cached = list(self._cache)
-        self._cache.clear()
-        self._window = min(max(self.qos.prefetch_count or 1, 1), self.settings.batch_size)
-        self._taken_at = time.monotonic()
-        self._release_tags([raw["properties"]["delivery_tag"] for raw, _ in cached])
+    def _claim_order(self) -> list[str]:
+        return self._in_turn(self._active_queues)
 
     def _claim(self, queues: list[str], n: int, no_ack: set[str]) -> list[_Raw]:
-        """Lease up to ``n`` messages now; returns (raw kombu message, queue) pairs."""
-        lease = self.settings.visibility_timeout
-        claim = self.client.submit_claim(queues, max(n, 1), lease=lease)
-        return self._accept(self.client.then_fill(claim).result(), no_ack)
+        """Lease up to ``n`` messages now, outside the window; (raw kombu message, queue)."""
+        claim = self.client.submit_claim(queues, max(n, 1), lease=self.settings.visibility_timeout)
+        found = self.client.then_fill(claim).result()
+        self.window.hold(found)
+        return self._accept(found, no_ack)
 
-    def _accept(self, found: list[Delivery], no_ack: set[str]) -> list[_Raw]:
-        """Turn claimed deliveries, their payloads loaded (``Queue.then_fill``), into kombu
-        messages held by this channel."""
-        client = self.client
+    def _accept(self, found: list[Delivery], no_ack: Set[str]) -> list[_Raw]:
+        """Turn held deliveries, their payloads loaded, into kombu messages; settles those
+        that expired on the way and those of ``no_ack`` queues."""
         got: list[_Raw] = []
         now = time.time()
         for delivery in found:
             raw = loads(delivery.payload)
             props = raw.setdefault("properties", {})
             if _expired(props, delivery.job.enqueued_at, now):
-                client.ack(delivery, wait=False)  # its producer gave it an expiration
+                self.settle(delivery.token, "ack")  # its producer gave it an expiration
                 continue
             props["delivery_tag"] = delivery.token  # unique per delivery, unlike a publish tag
             info = props.setdefault("delivery_info", {})
             if delivery.job.attempts > 1:
                 info["redelivered"] = raw["redelivered"] = True
             if delivery.job.queue in no_ack:
-                client.ack(delivery, wait=False)
-            else:
-                with self._held_lock:
-                    self._held[delivery.token] = delivery
+                self.settle(delivery.token, "ack")  # settled on delivery, as no_ack asks
             got.append((raw, delivery.job.queue))
         return got
 
@@ -424,49 +361,42 @@ class Channel(virtual.Channel):
         timer called, so an empty queue is claimed from again."""
         if self.closed or not self._consumers:
             return
+        window = self.window
         if poll:
-            self._found_none = False
-        self._harvest(0.0)
-        self._hand_out()
-        if self._cache and not self.qos.can_consume():
-            if time.monotonic() - self._taken_at >= HOARD_SECONDS:
-                self._give_back_cache()
-            return
-        if self._found_none or self._ahead is not None or not self.qos.can_consume():
-            return  # (a shut window with nothing cached: the next ack wakes this up)
-        if not self._window:
-            budget = self.qos.can_consume_max_estimate() or self.settings.batch_size
-            self._window = min(max(budget, 1), self.settings.batch_size)
-        if not self._cache or len(self._cache) < self._window // 2:
-            self._submit_ahead(self._in_turn(self._active_queues))
+            window.look_again()
+        while True:
+            room = self.qos.can_consume_max_estimate() if self.qos.can_consume() else 0
+            found = window.poll(room)  # (with the window shut: gives back a hoard)
+            if not found:
+                return
+            self._hand_out(found)
 
-    def _hand_out(self) -> None:
-        """Deliver cached messages while the prefetch window is open."""
+    def _hand_out(self, found: list[Delivery]) -> None:
+        """Deliver claimed messages to their consumers' callbacks."""
         callbacks = self.connection._callbacks
         orphans: list[str] = []
-        while self._cache and self.qos.can_consume():
-            raw, queue = self._cache.popleft()
-            tag = raw["properties"]["delivery_tag"]
+        for index, delivery in enumerate(found):
+            queue = delivery.job.queue
             if queue not in callbacks or queue not in self._active_queues:
-                orphans.append(tag)  # its consumer was cancelled after the claim
+                orphans.append(delivery.token)  # its consumer was cancelled after the claim
                 continue
-            if queue in self._no_ack_queues:
-                self.settle(tag, "ack")  # settled on delivery, as no_ack asks
-            self._taken_at = time.monotonic()
-            callbacks[queue](raw)
+            try:
+                for raw, _ in self._accept([delivery], self._no_ack_queues):
+                    callbacks[queue](raw)
+            except BaseException:
+                self._release_tags(orphans + [d.token for d in found[index + 1 :]])
+                raise
         if orphans:
             self._release_tags(orphans)
 
     # --- settling --------------------------------------------------------------------------
 
     def held(self) -> list[Delivery]:
-        with self._held_lock:
-            return list(self._held.values())
+        return [] if self._window is None else self._window.held()
 
     def settle(self, delivery_tag: str, how: str) -> None:
         """Ack, requeue or dead-letter one held delivery (returns once submitted)."""
-        with self._held_lock:
-            delivery = self._held.pop(delivery_tag, None)
+        delivery = None if self._window is None else self._window.settle(delivery_tag)
         if delivery is None:
             log.debug("%s of %s: not held by this channel (already settled)", how, delivery_tag)
             return
@@ -479,49 +409,33 @@ class Channel(virtual.Channel):
             client.nack(delivery, retry=False, error=REJECTED, wait=False)
 
     def window_opened(self) -> None:
-        with self._settled:
-            self._settled.notify_all()
-        self.connection.wake()
+        if self._window is not None:
+            self._window.notify()
+        if self.connection is not None:
+            self.connection.wake()
 
-    def drop(self, tokens: set[str]) -> None:
+    def drop(self, tokens: Set[str]) -> None:
         """Stop holding deliveries whose leases were lost (another consumer may have them)."""
-        with self._held_lock:
-            for token in tokens:
-                self._held.pop(token, None)
-        kept = [e for e in self._cache if e[0]["properties"]["delivery_tag"] not in tokens]
-        if len(kept) != len(self._cache):
-            self._cache = collections.deque(kept)
+        if self._window is not None:
+            self._window.drop(tokens)
 
     def _release_tags(self, tags: list[str]) -> None:
-        with self._held_lock:
-            found = [self._held.pop(tag) for tag in tags if tag in self._held]
-        if found:
-            self.client.release(found, wait=False)
+        if self._window is not None and tags:
+            self._window.give_back(tags)
 
     def release_held(self) -> None:
-        """Give back every message this channel holds, unprocessed (no attempt counted)."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            with contextlib.suppress(Exception):  # a failed claim holds nothing
-                self._accept(ahead.result(self.client.commit_deadline_seconds), set())
-        self._cache.clear()
-        with self._held_lock:
-            found = list(self._held.values())
-            self._held.clear()
-        if not found:
-            return
-        try:
-            self.client.release(found)
-        except (QueueClosed, StorageError, QueueError) as exc:
-            # Their leases run out on their own: the messages come back after the timeout.
-            log.warning("could not release %d held messages (%s); they return on expiry",
-                        len(found), exc)  # fmt: skip
+        """Give back every message this channel holds, unprocessed (no attempt counted); if
+        that fails, their leases run out and they come back after the visibility timeout."""
+        if self._window is not None:
+            self._window.release_held()
 
     def close(self) -> None:
         if not self.closed and self.connection is not None:
             try:
                 super().close()
             finally:
+                if self._window is not None:
+                    self._window.close()
                 self.release_held()
         else:
             super().close()

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from objq_broker.consume import option_count, option_seconds
 from objq_broker.engine.options import ENGINE_OPTIONS, URL_ENV
 from objq_broker.errors import ConfigurationError
 from objq_broker.kombu.routing import DEFAULT_TABLE_TTL_SECONDS
@@ -88,8 +89,11 @@ class TransportSettings:
                 f"accepted: {sorted(ACCEPTED_OPTIONS)}"
             )
         url = _storage_url(hostname, options.get("url"))
-        visibility = _positive(options, "visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT_SECONDS)
-        heartbeat = _positive(options, "heartbeat_interval", visibility / 3.0)
+        where = "objq transport"
+        visibility = option_seconds(
+            options, "visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT_SECONDS, where=where
+        )
+        heartbeat = option_seconds(options, "heartbeat_interval", visibility / 3.0, where=where)
         if heartbeat >= visibility:
             raise ConfigurationError(
                 f"objq transport: heartbeat_interval must be shorter than visibility_timeout "
@@ -105,13 +109,17 @@ class TransportSettings:
         return cls(
             url=url,
             visibility_timeout=visibility,
-            polling_interval=_positive(
-                options, "polling_interval", DEFAULT_POLLING_INTERVAL_SECONDS
+            polling_interval=option_seconds(
+                options, "polling_interval", DEFAULT_POLLING_INTERVAL_SECONDS, where=where
             ),
             heartbeat_interval=heartbeat,
-            max_deliveries=int(_positive(options, "max_deliveries", DEFAULT_MAX_DELIVERIES)),
-            batch_size=int(_positive(options, "batch_size", DEFAULT_BATCH_SIZE)),
-            bindings_ttl=_positive(options, "bindings_ttl", DEFAULT_TABLE_TTL_SECONDS),
+            max_deliveries=option_count(
+                options, "max_deliveries", DEFAULT_MAX_DELIVERIES, where=where
+            ),
+            batch_size=option_count(options, "batch_size", DEFAULT_BATCH_SIZE, where=where),
+            bindings_ttl=option_seconds(
+                options, "bindings_ttl", DEFAULT_TABLE_TTL_SECONDS, where=where
+            ),
             queue_options={**dict(store_options), **engine},
         )
 
@@ -145,18 +153,3 @@ def _storage_url(hostname: str | None, option: object) -> str:
             f'broker_transport_options={{"url": ...}}, or ${URL_ENV}'
         )
     return url
-
-
-def _positive(options: Mapping[str, Any], name: str, default: float) -> float:
-    raw = options.get(name)
-    if raw is None:
-        return float(default)
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        value = -1.0
-    if isinstance(raw, bool) or value <= 0:
-        raise ConfigurationError(
-            f"objq transport: option {name} must be a positive number, found {raw!r}"
-        )
-    return value

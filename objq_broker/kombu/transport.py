@@ -35,9 +35,9 @@ Mapping onto objq (see ``docs/celery.md``):
 # (kombu is only partly annotated)
 from __future__ import annotations
 
-import logging
 import os
 import threading
+from collections.abc import Set
 from typing import Any
 
 try:
@@ -48,20 +48,13 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
         "pip install 'objq-broker[celery]'"
     ) from exc
 
-from objq_broker.errors import (
-    ConfigurationError,
-    LeaseLost,
-    QueueClosed,
-    QueueError,
-    StorageUnavailable,
-)
-from objq_broker.kombu.channel import Channel
+from objq_broker.consume import LeaseKeeper
+from objq_broker.errors import ConfigurationError, QueueClosed, QueueError, StorageUnavailable
+from objq_broker.kombu.channel import Channel as ObjqChannel
 from objq_broker.kombu.events import LoopBinding
 from objq_broker.kombu.routing import ExchangeTable
 from objq_broker.kombu.settings import TransportSettings
 from objq_broker.queue import Delivery, Queue
-
-log = logging.getLogger("objq_broker.kombu")
 
 
 class _SharedQueues:
@@ -105,7 +98,7 @@ class Transport(virtual.Transport):
     """kombu transport for objq; one :class:`~objq_broker.queue.Queue` per connection,
     shared by its channels, and one heartbeat thread for all the messages they hold."""
 
-    Channel = Channel
+    Channel = ObjqChannel
     driver_type = "objq"
     driver_name = "objq"
     can_parse_url = True
@@ -136,8 +129,8 @@ class Transport(virtual.Transport):
         self.queue: Queue | None = None
         self._exchanges: ExchangeTable | None = None
         self._declared: set[str] = set()
-        self._stop = threading.Event()
-        self._beat: threading.Thread | None = None
+        #: Extends the leases of every message this connection's channels hold.
+        self.lease_keeper: LeaseKeeper | None = None
         self._lock = threading.Lock()
         self._binding: LoopBinding | None = None
 
@@ -191,10 +184,9 @@ class Transport(virtual.Transport):
             super().close_connection(connection)
         finally:
             self._leave_event_loop()
-            self._stop.set()
-            if self._beat is not None and self._beat is not threading.current_thread():
-                self._beat.join(timeout=5)
-            self._beat = None
+            keeper, self.lease_keeper = self.lease_keeper, None
+            if keeper is not None:
+                keeper.stop(timeout=5)
             self._close_queue()
 
     def _close_queue(self) -> None:
@@ -228,42 +220,25 @@ class Transport(virtual.Transport):
         if binding is not None:
             binding.close()
 
-    # --- heartbeat -------------------------------------------------------------------------
+    # --- heartbeat (the lease holder of every channel) -------------------------------------
 
     def _start_heartbeat(self) -> None:
-        if self._beat is not None and self._beat.is_alive():
+        if self.lease_keeper is not None and self.lease_keeper.running:
             return
-        self._stop = threading.Event()
-        self._beat = threading.Thread(
-            target=self._heartbeat, args=(self._stop,), name="objq-kombu-heartbeat", daemon=True
+        self.lease_keeper = LeaseKeeper(
+            self.open_queue(),
+            interval_seconds=self.settings.heartbeat_interval,
+            lease_seconds=self.settings.visibility_timeout,
+            name="objq-kombu-heartbeat",
         )
-        self._beat.start()
+        self.lease_keeper.register(self)
+
+    def _all_channels(self) -> list[ObjqChannel]:
+        return list(self.channels) + [c for c in self._avail_channels if c not in self.channels]
 
     def held(self) -> list[Delivery]:
-        channels = list(self.channels) + list(self._avail_channels)
-        return [delivery for channel in channels for delivery in channel.held()]
+        return [delivery for channel in self._all_channels() for delivery in channel.held()]
 
-    def _heartbeat(self, stop: threading.Event) -> None:
-        while not stop.wait(self.settings.heartbeat_interval):
-            held = self.held()
-            client = self.queue
-            if not held or client is None:
-                continue
-            try:
-                alive = client.heartbeat(held, lease=self.settings.visibility_timeout)
-            except (QueueClosed, LeaseLost):
-                continue
-            except Exception as exc:  # keep beating: the next one may reach the storage
-                log.warning("heartbeat of %d held messages failed: %s", len(held), exc)
-                continue
-            lost = [d for d, ok in zip(held, alive or [], strict=False) if not ok]
-            still = {d.token for d in self.held()}
-            lost = [d for d in lost if d.token in still]  # not settled in the meantime
-            if lost:
-                # Forget them, so they are reported once; their late acks would be refused.
-                tokens = {d.token for d in lost}
-                for channel in list(self.channels) + list(self._avail_channels):
-                    channel.drop(tokens)
-                log.warning(
-                    "leases lost (expired before a heartbeat): %s", [d.id for d in lost][:20]
-                )
+    def drop(self, tokens: Set[str]) -> None:
+        for channel in self._all_channels():
+            channel.drop(tokens)

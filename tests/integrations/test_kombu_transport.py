@@ -118,7 +118,7 @@ def test_a_stale_ack_after_expiry_does_not_touch_the_new_holder(connect: Any) ->
     channel = slow.channel()
     message = channel.basic_get("work")
     # Stop this connection's heartbeat: its lease runs out as if the process hung.
-    slow.transport._stop.set()
+    slow.transport.lease_keeper.stop()
 
     deadline = time.monotonic() + 10
     taken = None
