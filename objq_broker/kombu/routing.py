@@ -21,6 +21,7 @@ from urllib.parse import quote, unquote
 import msgspec
 
 from objq_broker.errors import ConfigurationError, PreconditionFailed, StorageError
+from objq_broker.model.backoff import backoff_seconds
 from objq_broker.storage import ObjectStore
 
 #: Where exchange objects live under the store's prefix.
@@ -150,7 +151,7 @@ class ExchangeTable:
                 else:
                     self.store.write(key, _encoder.encode(record), if_version=version)
             except PreconditionFailed:
-                time.sleep(random.uniform(0, 0.005 * 2 ** min(attempt, 6)))
+                time.sleep(backoff_seconds(attempt + 1, 0.005, 0.32, random.random()))
                 continue
             self._remember(exchange, record)
             return

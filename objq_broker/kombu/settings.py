@@ -15,6 +15,7 @@ from objq_broker.consume import option_count, option_seconds
 from objq_broker.engine.options import ENGINE_OPTIONS, URL_ENV
 from objq_broker.errors import ConfigurationError
 from objq_broker.kombu.routing import DEFAULT_TABLE_TTL_SECONDS
+from objq_broker.storage.base import redacted
 
 #: Seconds a delivered message stays leased without a heartbeat: how long a dead consumer's
 #: messages take to come back. Not a limit on task length (live consumers heartbeat).
@@ -72,7 +73,7 @@ class TransportSettings:
 
     def __repr__(self) -> str:  # the options may hold credentials: show only their names
         return (
-            f"TransportSettings(url={self.url.split('?', 1)[0]!r}, "
+            f"TransportSettings(url={redacted(self.url)!r}, "
             f"visibility_timeout={self.visibility_timeout}, "
             f"options={sorted(self.queue_options)})"
         )
