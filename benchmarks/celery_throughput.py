@@ -348,8 +348,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     print(environment(), flush=True)
-    sys.path.insert(0, str(ROOT / "tests"))
-    from servers import start_redis as start
+    sys.path.insert(0, str(ROOT))  # the tests' server helpers: tests.support.servers
+    from tests.support.servers import start_redis as start
 
     server = start()
     scratch = Path(tempfile.mkdtemp(prefix="celery-bench-"))

@@ -66,9 +66,9 @@ from provenance import objq_revision
 
 from objq_broker.dramatiq import ObjqBroker
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # server helpers
-import servers
-from servers import RedisServer
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' server helpers
+from tests.support import servers
+from tests.support.servers import RedisServer
 
 QUEUE = "bench"
 ACTOR = "noop"

@@ -24,9 +24,10 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the package, and the tests' server helpers
+sys.path.insert(0, str(ROOT))  # the package, and the tests' server helpers
 
-from servers import (  # noqa: E402
+from objq_broker.storage import ObjectStore, open_store  # noqa: E402
+from tests.support.servers import (  # noqa: E402
     apply_dummy_aws_env,
     create_gcs_bucket,
     create_s3_bucket,
@@ -34,8 +35,6 @@ from servers import (  # noqa: E402
     start_fake_gcs,
     start_moto,
 )
-
-from objq_broker.storage import ObjectStore, open_store  # noqa: E402
 
 #: (label, object size in bytes, timed iterations) for each measured case.
 CASES = [("1 KiB", 1024, 50), ("1 MiB", 1024 * 1024, 15)]
