@@ -1,4 +1,6 @@
-"""Shared fixtures: real storage peers (moto's S3 server, fake-gcs-server) and stores on them."""
+"""Shared fixtures: real storage peers (moto's S3 server, fake-gcs-server), stores on them, and
+the child processes a test starts (stopped when it ends). The helpers behind them are in
+``tests/support/``."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from servers import gcs_endpoint, gcs_url_factory, moto_endpoint, s3_url_factory
 
 from objq_broker.storage import ObjectStore, open_store
+from tests.support.processes import Children
+from tests.support.servers import gcs_endpoint, gcs_url_factory, moto_endpoint, s3_url_factory
 
 __all__ = ["gcs_endpoint", "gcs_url_factory", "moto_endpoint", "s3_url_factory"]
 
@@ -56,6 +59,13 @@ def store(store_url: str) -> Iterator[ObjectStore]:
     opened = open_store(store_url)
     yield opened
     opened.close()
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    """The test's child processes: whatever still runs at its end is stopped and reaped."""
+    with Children() as started:
+        yield started
 
 
 #: Test folders whose tests must share one worker process when the suite runs with

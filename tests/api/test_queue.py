@@ -1,8 +1,7 @@
-"""Queue and AsyncQueue as a user drives them."""
+"""Queue as a user drives it (AsyncQueue, its asyncio twin, is in ``test_aio.py``)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from objq_broker import AsyncQueue, ConfigurationError, LeaseLost, Queue
+from objq_broker import ConfigurationError, LeaseLost, Queue
 from objq_broker.errors import QueueClosed
 from objq_broker.storage import MemoryStore
 
@@ -71,7 +70,7 @@ def test_nack_retries_with_backoff_then_dead_letters(queue: Queue) -> None:
 def test_stale_token_cannot_ack_the_new_holders_delivery(queue: Queue) -> None:
     queue.enqueue("q", b"x")
     [old] = queue.claim("q", lease=0.05, owner="slow")
-    time.sleep(0.1)
+    time.sleep(0.1)  # kept: the lease running out is what this test is about
     [new] = queue.claim("q", owner="fast")
     assert new.id == old.id and new.token != old.token
     with pytest.raises(LeaseLost):
@@ -85,7 +84,7 @@ def test_keep_alive_holds_a_long_job(queue: Queue) -> None:
     queue.enqueue("q", b"long")
     [delivery] = queue.claim("q", lease=0.2)
     with queue.keep_alive([delivery], every=0.05):
-        time.sleep(0.6)
+        time.sleep(0.6)  # kept: three leases' time, which the heartbeats must bridge
         assert queue.claim("q") == []
     queue.ack(delivery)
 
@@ -157,34 +156,3 @@ def test_closed_queue_refuses_work() -> None:
     q.close()
     with pytest.raises(QueueClosed):
         q.enqueue("q", b"y")
-
-
-def test_async_queue_round_trip(tmp_path: Path) -> None:
-    async def scenario() -> list[bytes]:
-        async with AsyncQueue(tmp_path.as_uri()) as q:
-            await q.declare("q", max_attempts=1)
-            await q.enqueue_many("q", [b"a", b"b", b"c"])
-            got = await q.claim("q", 3, timeout=2)
-            async with q.keep_alive(got[:1], every=0.05):
-                await asyncio.sleep(0.1)
-            await q.ack(got[0])
-            assert await q.nack(got[1], error="x") == "dead"
-            await q.release(got[2:])
-            stats = await q.stats("q")
-            assert (stats.ready, stats.dead, stats.in_flight) == (1, 1, 0)
-            assert [j.payload for j in await q.dead_letters("q")] == [b"b"]
-            assert await q.purge_dead("q") == 1
-            return [d.payload for d in got]
-
-    assert asyncio.run(scenario()) == [b"a", b"b", b"c"]
-
-
-def test_async_claim_timeout_returns_empty(tmp_path: Path) -> None:
-    async def scenario() -> float:
-        async with AsyncQueue(tmp_path.as_uri(), poll_seconds=0.05) as q:
-            await q.declare("q")
-            started = time.monotonic()
-            assert await q.claim("q", timeout=0.2) == []
-            return time.monotonic() - started
-
-    assert asyncio.run(scenario()) >= 0.2

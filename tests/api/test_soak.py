@@ -12,99 +12,76 @@ from pathlib import Path
 import pytest
 
 from objq_broker import Queue
+from tests.support.processes import Children
+from tests.support.waiting import wait_for
 
 WORKER = Path(__file__).with_name("soak_worker.py")
 PRODUCERS = 3
 CONSUMERS = 3
+#: Seconds the whole soak may take, from the first process started to the last one stopped.
+SOAK_TIMEOUT_SECONDS = 240.0
 
 
-_spawned: list[subprocess.Popen[bytes]] = []
+def run_soak(
+    url: str, tmp_path: Path, children: Children, jobs: int, faults: float = 0.0
+) -> dict[str, int]:
+    """Run the soak and return {'jobs', 'delivered', 'duplicates'}; asserts nothing is lost.
 
-
-def _spawn(*args: str) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen([sys.executable, str(WORKER), *args])
-    _spawned.append(process)
-    return process
-
-
-def run_soak(url: str, tmp_path: Path, jobs: int, faults: float = 0.0) -> dict[str, int]:
-    """Run the soak and return {'jobs', 'delivered', 'duplicates'}; asserts nothing is lost."""
-    _spawned.clear()
-    try:
-        return _run_soak(url, tmp_path, jobs, faults)
-    finally:
-        for process in _spawned:  # a failed run must not leave workers behind
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-
-
-def _run_soak(url: str, tmp_path: Path, jobs: int, faults: float) -> dict[str, int]:
+    The workers are ``children`` of the test: a failed run does not leave them behind."""
     stop = tmp_path / "stop"
     per_producer = jobs // PRODUCERS
     fault_args = ["--faults", str(faults)]
+    deadline = time.monotonic() + SOAK_TIMEOUT_SECONDS
+
+    def spawn(*args: str) -> subprocess.Popen[bytes]:
+        return children.start([sys.executable, str(WORKER), *args, "--url", url, *fault_args])
+
+    def consumer(name: str) -> subprocess.Popen[bytes]:
+        log = str(tmp_path / f"{name}.log")
+        return spawn("consume", "--name", name, "--log", log, "--stop", str(stop))
+
+    def left() -> float:
+        return max(deadline - time.monotonic(), 1.0)
+
     producers = [
-        _spawn(
-            "produce",
-            "--url",
-            url,
-            "--name",
-            f"p{n}",
-            "--count",
-            str(per_producer),
-            "--batch",
-            str(1 if n == 0 else 100),
-            *fault_args,
-        )
+        spawn("produce", "--name", f"p{n}", "--count", str(per_producer),
+              "--batch", str(1 if n == 0 else 100))
         for n in range(PRODUCERS)
-    ]
-    consumers = {
-        n: _spawn(
-            "consume",
-            "--url",
-            url,
-            "--name",
-            f"c{n}",
-            "--log",
-            str(tmp_path / f"c{n}.log"),
-            "--stop",
-            str(stop),
-            *fault_args,
-        )
-        for n in range(CONSUMERS)
-    }
-    victim_log = tmp_path / "c0.log"
-    deadline = time.monotonic() + 240
-    # When the victim has done some work, kill it mid-run and start a replacement.
-    while time.monotonic() < deadline:
-        if victim_log.exists() and victim_log.stat().st_size > 2000:
-            break
-        time.sleep(0.05)
-    consumers[0].kill()
-    consumers[0].wait()
-    consumers[0] = _spawn(
-        "consume",
-        "--url",
-        url,
-        "--name",
-        "c0b",
-        "--log",
-        str(tmp_path / "c0b.log"),
-        "--stop",
-        str(stop),
-        *fault_args,
+    ]  # fmt: skip
+    consumers = {name: consumer(name) for name in (f"c{n}" for n in range(CONSUMERS))}
+
+    def log_sizes() -> dict[str, int]:
+        logs = {name: tmp_path / f"{name}.log" for name in consumers}
+        return {name: log.stat().st_size if log.exists() else 0 for name, log in logs.items()}
+
+    # When a consumer has done some work, kill it mid-run and start a replacement. Whichever
+    # one: nothing shares the jobs out evenly, and one consumer may get none for a whole run.
+    victim = wait_for(
+        lambda: next((name for name, size in log_sizes().items() if size > 2000), None),
+        left(),
+        "a consumer to log some deliveries",
+        progress=lambda: f"log sizes {log_sizes()}",
     )
+    children.kill(consumers[victim])
+    consumers[victim] = consumer(f"{victim}b")
     for producer in producers:
-        assert producer.wait(timeout=max(deadline - time.monotonic(), 1)) == 0
+        assert producer.wait(timeout=left()) == 0
     with Queue(url) as queue:
-        while time.monotonic() < deadline:
+
+        def drained() -> bool:
             stats = queue.stats("soak")
-            if stats.ready == stats.delayed == stats.in_flight == 0:
-                break
-            time.sleep(0.5)
+            return stats.ready == stats.delayed == stats.in_flight == 0
+
+        wait_for(
+            drained,
+            left(),
+            "the soak queue to drain",
+            interval=0.5,
+            progress=lambda: queue.stats("soak"),
+        )
         stop.touch()
-        for consumer in consumers.values():
-            assert consumer.wait(timeout=max(deadline - time.monotonic(), 1)) == 0
+        for process in consumers.values():
+            assert process.wait(timeout=left()) == 0
         stats = queue.stats("soak")
         assert (stats.ready, stats.delayed, stats.in_flight, stats.dead) == (0, 0, 0, 0)
         assert queue.jobs("soak") == []
@@ -120,18 +97,18 @@ def _run_soak(url: str, tmp_path: Path, jobs: int, faults: float) -> dict[str, i
 
 
 @pytest.mark.slow
-def test_soak_file(tmp_path: Path) -> None:
-    result = run_soak((tmp_path / "store").as_uri(), tmp_path, jobs=10_200)
+def test_soak_file(tmp_path: Path, children: Children) -> None:
+    result = run_soak((tmp_path / "store").as_uri(), tmp_path, children, jobs=10_200)
     assert result["jobs"] == 10_200
 
 
 @pytest.mark.slow
-def test_soak_s3(tmp_path: Path, s3_url_factory: Callable[[], str]) -> None:
-    result = run_soak(s3_url_factory(), tmp_path, jobs=10_200)
+def test_soak_s3(tmp_path: Path, children: Children, s3_url_factory: Callable[[], str]) -> None:
+    result = run_soak(s3_url_factory(), tmp_path, children, jobs=10_200)
     assert result["jobs"] == 10_200
 
 
 @pytest.mark.slow
-def test_soak_file_with_faults(tmp_path: Path) -> None:
-    result = run_soak((tmp_path / "store").as_uri(), tmp_path, jobs=3_000, faults=0.05)
+def test_soak_file_with_faults(tmp_path: Path, children: Children) -> None:
+    result = run_soak((tmp_path / "store").as_uri(), tmp_path, children, jobs=3_000, faults=0.05)
     assert result["jobs"] == 3_000

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +90,8 @@ RERUN_CLASSES: dict[str, str] = {
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     kept, dropped, matched = [], [], set()
     for item in items:
-        owner = item.cls.__name__ if item.cls is not None else item.path.name
+        cls = item.cls if isinstance(item, pytest.Function) else None
+        owner = cls.__name__ if cls is not None else item.path.name
         key = f"{owner}::{getattr(item, 'originalname', item.name)}"
         if owner not in RERUN_CLASSES:
             item.own_markers[:] = [m for m in item.own_markers if m.name != "flaky"]
@@ -139,14 +140,16 @@ class _Report:
         self.failures: list[dict[str, str]] = []
         self.skips: list[str] = []
         self.reruns: list[str] = []
-        self.seconds: Counter[str] = Counter()
+        self.seconds: defaultdict[str, float] = defaultdict(float)
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         self.counts["deselected"] += len(items)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid] += report.duration
-        if report.outcome == "rerun":  # pytest-rerunfailures: failed, and runs again
+        # pytest-rerunfailures adds an outcome that pytest's own type does not list.
+        reported: str = report.outcome
+        if reported == "rerun":  # failed, and runs again
             self.counts["rerun"] += 1
             self.reruns.append(f"{report.nodeid}: {_crash(report)}")
         elif hasattr(report, "wasxfail"):
@@ -178,13 +181,16 @@ class _Report:
                     "expected_failures": EXPECTED_FAILURES,
                     "timing_dependent": TIMING_DEPENDENT,
                     "slowest": [
-                        {"nodeid": n, "seconds": round(s, 2)}
-                        for n, s in self.seconds.most_common(15)
+                        {"nodeid": n, "seconds": round(s, 2)} for n, s in _slowest(self.seconds, 15)
                     ],
                 },
                 indent=2,
             )
         )
+
+
+def _slowest(seconds: dict[str, float], count: int) -> list[tuple[str, float]]:
+    return sorted(seconds.items(), key=lambda pair: pair[1], reverse=True)[:count]
 
 
 def _crash(report: pytest.TestReport) -> str:

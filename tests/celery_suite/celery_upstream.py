@@ -32,10 +32,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-# Run as a script, this folder is on sys.path but tests/ (the shared helpers) is not.
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-import upstream_sdist
-from servers import RedisServer, start_redis
+# Run as a script, this folder is on sys.path but the repository root (``tests.support``) is not.
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
+from tests.support import upstream_sdist
+from tests.support.processes import kill
+from tests.support.servers import RedisServer, start_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -141,8 +142,7 @@ def run_suite(
         try:
             returncode = process.wait(timeout=RUN_TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
-            process.kill()
-            returncode = process.wait()
+            returncode = kill(process)
             log.write(f"\n(killed: the run took over {RUN_TIMEOUT_SECONDS} s)\n")
     seconds = time.monotonic() - started
     report = json.loads(report_path.read_text()) if report_path.exists() else {}

@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from celery_upstream import RUN_TIMEOUT_SECONDS, prepare_suite, run_suite
-from servers import RedisServer, start_redis
+
+from tests.celery_suite.celery_upstream import RUN_TIMEOUT_SECONDS, prepare_suite, run_suite
+from tests.support.servers import RedisServer, start_redis
 
 
 @pytest.fixture(scope="module")

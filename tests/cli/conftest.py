@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from objq_cli import Objq, Workers, run_objq
+
+from tests.cli.objq_cli import Objq, Workers, run_objq
+from tests.support.processes import Children
 
 
 @pytest.fixture
@@ -30,13 +32,10 @@ def file_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def workers(request: pytest.FixtureRequest) -> Iterator[Callable[[str], Workers]]:
-    made: list[Workers] = []
+def workers(children: Children) -> Callable[[str], Workers]:
+    """``workers(url)``: a group of ``objq worker`` processes on ``url``, stopped at the end."""
 
     def make(url: str) -> Workers:
-        made.append(Workers(url))
-        return made[-1]
+        return Workers(url, children)
 
-    yield make
-    for group in made:
-        group.stop_all()
+    return make

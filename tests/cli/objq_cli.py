@@ -7,11 +7,12 @@ import os
 import pty
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.support.processes import Children, kill
 
 #: Seconds any one ``objq`` command may take before the test fails.
 COMMAND_TIMEOUT_SECONDS = 60.0
@@ -81,7 +82,11 @@ def run_objq(
         os.close(follower)
         follower = -1
         os.write(leader, tty_answer.encode() + b"\n")
-        out, err = process.communicate(timeout=COMMAND_TIMEOUT_SECONDS)
+        try:
+            out, err = process.communicate(timeout=COMMAND_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            kill(process)  # as subprocess.run does on a timeout
+            raise
         return Result(process.returncode, out, err)
     finally:
         if follower >= 0:
@@ -94,35 +99,20 @@ Objq = Callable[..., Result]
 
 
 class Workers:
-    """``objq worker`` processes started by a test, stopped at its end."""
+    """``objq worker --json`` processes on one store, children of the test (stopped at its end)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, children: Children) -> None:
         self.url = url
-        self.started: list[subprocess.Popen[str]] = []
+        self.children = children
 
     def start(self, *args: str) -> subprocess.Popen[str]:
-        process = subprocess.Popen(
-            [*objq_command(), "worker", "--json", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=environment(self.url),
+        return self.children.adopt(
+            subprocess.Popen(
+                [*objq_command(), "worker", "--json", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=environment(self.url),
+            )
         )
-        self.started.append(process)
-        return process
-
-    def stop_all(self) -> None:
-        for process in self.started:
-            if process.poll() is None:
-                process.kill()
-            process.communicate(timeout=10)
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -4,10 +4,14 @@ parsed), exit codes, confirmations, and the state each command leaves behind."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import time
 from pathlib import Path
 
-from objq_cli import Objq
+from objq_broker import Queue
+from tests.cli.objq_cli import Objq, environment, objq_command
+from tests.support.processes import Children, reap
 
 
 def test_declare_enqueue_inspect_and_configure(objq: Objq, cli_url: str, tmp_path: Path) -> None:
@@ -158,14 +162,12 @@ def test_archive_list_and_cat(objq: Objq, file_url: str) -> None:
 
 
 def test_requeue_stale_returns_expired_leases(objq: Objq, file_url: str) -> None:
-    from objq_broker import Queue
-
     assert objq("declare", "stale", "--lease", "0.2", url=file_url).code == 0
     assert objq("enqueue", "stale", "x", url=file_url).code == 0
     with Queue(file_url) as queue:  # a worker that claims and vanishes
         [delivery] = queue.claim("stale")
     assert objq("status", "--json", url=file_url).json()["queues"][0]["in_flight"] == 1
-    time.sleep(0.3)
+    time.sleep(0.3)  # kept: the lease running out is what this test is about
 
     requeued = objq("requeue-stale", "--json", url=file_url)
 
@@ -191,34 +193,25 @@ def test_demo_and_its_module_alias(objq: Objq, tmp_path: Path) -> None:
     assert (demo["ready"], demo["delayed"], demo["in_flight"], demo["dead"]) == (0, 0, 0, 3)
 
 
-def test_status_watch_refreshes_until_interrupted(file_url: str) -> None:
-    import signal
-    import subprocess
-
-    from objq_cli import environment, objq_command
-
+def test_status_watch_refreshes_until_interrupted(file_url: str, children: Children) -> None:
     declared = subprocess.run(
         [*objq_command(), "declare", "w"], check=False, env=environment(file_url)
     )
     assert declared.returncode == 0
-    process = subprocess.Popen(
-        [*objq_command(), "status", "--watch", "0.1", "--json"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=environment(file_url),
-        # A shell runs background jobs with Ctrl-C ignored, and a child inherits that: give
-        # this one the terminal's default, as a user's own `objq status --watch` has.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
+    process = children.adopt(
+        subprocess.Popen(
+            [*objq_command(), "status", "--watch", "0.1", "--json"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=environment(file_url),
+            # A shell runs background jobs with Ctrl-C ignored, and a child inherits that: give
+            # this one the terminal's default, as a user's own `objq status --watch` has.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
+        )
     )
     assert process.stdout is not None
-    try:
-        first, second = process.stdout.readline(), process.stdout.readline()
-        process.send_signal(signal.SIGINT)
-        process.communicate(timeout=10)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()  # reaps it and closes its pipe
-    assert process.returncode == 0
+    first, second = process.stdout.readline(), process.stdout.readline()
+    children.send_signal(process, signal.SIGINT)
+    assert reap(process) == 0
     assert json.loads(first)["queues"][0]["queue"] == "w"
     assert json.loads(second)["read_at"] > json.loads(first)["read_at"]

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from objq_cli import Objq, Result
+
+from tests.cli.objq_cli import Objq, Result
 
 
 def one_line_error(result: Result, status: int, *fragments: str) -> None:

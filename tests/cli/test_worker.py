@@ -4,16 +4,20 @@ whose job runs again elsewhere, and draining on SIGTERM."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from objq_cli import Objq, Workers, wait_for
+
+from tests.cli.objq_cli import Objq, Workers
+from tests.support.processes import alive, kill, kill_group
+from tests.support.waiting import wait_for
+
+#: Seconds a command job may take to start once its worker runs.
+START_TIMEOUT_SECONDS = 20.0
 
 #: A command job's script: note the start time, say something on stderr, exit with argv[2].
 RECORDING_SCRIPT = """
@@ -47,20 +51,6 @@ pathlib.Path(sys.argv[1] + ".started").touch()
 time.sleep(1.0)
 pathlib.Path(sys.argv[1] + ".done").touch()
 """
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie nobody reaped yet counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 def test_success_and_retries_into_dead_letters_with_backoff(
@@ -150,7 +140,7 @@ def test_timeout_kills_the_whole_process_group(objq: Objq, file_url: str, tmp_pa
     assert finished["error"].startswith("timed out after 1 s; its process group was killed")
     grandchild = int(pid_file.read_text())
     try:
-        wait_for(lambda: not alive(grandchild), "the command's own child to be killed", 5)
+        wait_for(lambda: not alive(grandchild), 5, "the command's own child to be killed")
     finally:
         kill_group(grandchild)
 
@@ -177,12 +167,11 @@ def test_job_of_a_killed_worker_runs_again_elsewhere(
     [job_id] = job.json()["ids"]
     group = workers(file_url)
     first = group.start("--queue", "work")
-    wait_for(marker.exists, "the first run to start")
+    wait_for(marker.exists, START_TIMEOUT_SECONDS, "the first run to start")
     orphan = int(marker.read_text())
     try:
         # When the worker is killed mid-command
-        first.kill()
-        first.wait(10)
+        kill(first)
         # Then another worker runs the job again once the lease has expired, and finishes it
         second = group.start("--queue", "work", "--burst")
         out, err = second.communicate(timeout=30)
@@ -216,7 +205,11 @@ def test_sigterm_finishes_running_jobs_and_gives_back_prefetched_ones(
         )
         assert enqueued.code == 0
     worker = workers(file_url).start("--queue", "drain", "--count", "1", "--prefetch", "2")
-    wait_for(lambda: any((tmp_path / f"{n}.started").exists() for n in "abc"), "a job to start")
+    wait_for(
+        lambda: any((tmp_path / f"{n}.started").exists() for n in "abc"),
+        START_TIMEOUT_SECONDS,
+        "a job to start",
+    )
 
     # When it gets SIGTERM while a command runs
     worker.send_signal(signal.SIGTERM)
@@ -291,7 +284,7 @@ def test_heartbeats_keep_a_long_command_from_running_twice(
     assert enqueued.code == 0, enqueued.stderr
     group = workers(file_url)
     first = group.start("--queue", "long")
-    wait_for(runs.exists, "the command to start")
+    wait_for(runs.exists, START_TIMEOUT_SECONDS, "the command to start")
 
     # When a second worker polls the queue while the command runs past its lease
     second = group.start("--queue", "long", "--burst")

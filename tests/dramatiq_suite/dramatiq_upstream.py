@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-# Run as a script, this folder is on sys.path but tests/ (the shared sdist helper) is not.
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-import upstream_sdist
+# Run as a script, this folder is on sys.path but the repository root (``tests.support``) is not.
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
+from tests.support import upstream_sdist
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -9,7 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dramatiq_upstream import BACKENDS, RUN_TIMEOUT_SECONDS, prepare_suite, run_suite
+
+from tests.dramatiq_suite.dramatiq_upstream import (
+    BACKENDS,
+    RUN_TIMEOUT_SECONDS,
+    prepare_suite,
+    run_suite,
+)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -173,7 +173,7 @@ class _Report:
         self.counts: Counter[str] = Counter()
         self.modules: set[str] = set()
         self.failures: list[dict[str, str]] = []
-        self.seconds: Counter[str] = Counter()
+        self.seconds: defaultdict[str, float] = defaultdict(float)
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         self.counts["deselected"] += len(items)
@@ -193,7 +193,7 @@ class _Report:
             self.counts["passed"] += 1
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        slowest = self.seconds.most_common(15)
+        slowest = _slowest(self.seconds, 15)
         self.path.write_text(
             json.dumps(
                 {
@@ -210,6 +210,10 @@ class _Report:
                 indent=2,
             )
         )
+
+
+def _slowest(seconds: dict[str, float], count: int) -> list[tuple[str, float]]:
+    return sorted(seconds.items(), key=lambda pair: pair[1], reverse=True)[:count]
 
 
 def _crash(report: pytest.TestReport) -> str:

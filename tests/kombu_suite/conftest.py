@@ -3,7 +3,9 @@
 ``connection`` is a ``kombu.Connection`` to a fresh objq store, once per backend (a local
 directory, and S3 on moto's server); ``invalid_connection`` names a store that cannot be opened.
 ``DESELECT`` lists every upstream test left out, with the reason; an entry that matches no
-collected test fails the run, so the list cannot go stale silently.
+collected test fails the run, so the list cannot go stale silently. ``LEFT_OUT_CLASSES`` lists
+kombu's generic classes not run at all; the tests get it from the ``left_out_classes`` fixture
+(a test never imports a conftest by name: another folder's may answer to ``conftest``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     stale = sorted(set(DESELECT) - matched)
     if here and stale and not config.getoption("keyword"):
         raise pytest.UsageError(f"kombu suite: DESELECT entries match no test: {stale}")
+
+
+@pytest.fixture
+def left_out_classes() -> dict[str, str]:
+    """``LEFT_OUT_CLASSES``: kombu's generic classes not run on objq, with the reason."""
+    return LEFT_OUT_CLASSES
 
 
 @pytest.fixture(params=BACKENDS)

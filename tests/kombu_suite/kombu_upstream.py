@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import upstream_sdist
+from tests.support import upstream_sdist
 
 #: The one file of kombu's sdist the suite needs (the generic test classes).
 COMMON = "t/integration/common.py"

@@ -717,4 +717,4 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 def test_queue_state_matches_reference_model() -> None:
-    run_state_machine_as_test(QueueMachine, settings=SETTINGS)  # type: ignore[no-untyped-call]
+    run_state_machine_as_test(QueueMachine, settings=SETTINGS)

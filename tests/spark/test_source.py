@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from pyspark import TaskContext
+from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
-from pyspark.sql.utils import AnalysisException
 
 from objq_broker import Queue
 from objq_broker.engine import STATE_KEY

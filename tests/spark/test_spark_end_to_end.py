@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import csv
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,56 +17,66 @@ import pytest
 
 from objq_broker import Queue
 from objq_broker.report import main as report_main
+from tests.support.processes import Children
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 5000
+#: Seconds a worker may take for a warm shutdown after SIGTERM.
+STOP_GRACE_SECONDS = 60.0
 
 
-def _start_worker(url: str, results: Path) -> subprocess.Popen[bytes]:
+def _start_worker(children: Children, url: str, results: Path) -> subprocess.Popen[bytes]:
+    """A ``dramatiq`` worker running the example app on ``url``."""
     env = dict(os.environ, OBJQ_URL=url, APP_RESULTS_DIR=str(results), PYTHONPATH=str(ROOT))
-    return subprocess.Popen(
-        [sys.executable, "-m", "dramatiq", "integrations.dramatiq_app", "--processes", "1",
-         "--threads", "8"],
-        cwd=ROOT, env=env, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    command = [
+        sys.executable, "-m", "dramatiq", "integrations.dramatiq_app",
+        "--processes", "1", "--threads", "8",
+    ]  # fmt: skip
+    # Its own process group: a signal reaches the worker processes Dramatiq forks.
+    return children.start(command, env=env, cwd=ROOT, quiet=True, group=True)
 
 
 def _wait_drained(url: str, queue_name: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
     with Queue(url) as queue:
-        while time.monotonic() < deadline:
+
+        def drained() -> bool:
             stats = queue.stats(queue_name)
-            if stats.ready + stats.delayed + stats.in_flight == 0:
-                return
-            time.sleep(0.5)
-    raise AssertionError(f"{queue_name} not drained within {timeout} s")
+            return stats.ready + stats.delayed + stats.in_flight == 0
+
+        wait_for(
+            drained,
+            timeout,
+            f"queue {queue_name!r} to drain",
+            interval=0.5,
+            progress=lambda: queue.stats(queue_name),
+        )
 
 
 @pytest.mark.slow
-def test_dataframe_to_dramatiq_workers_to_report(spark: Any, tmp_path: Path) -> None:
+def test_dataframe_to_dramatiq_workers_to_report(
+    spark: Any, tmp_path: Path, children: Children
+) -> None:
     url = (tmp_path / "store").as_uri()
     results = tmp_path / "results"
-    workers = [_start_worker(url, results) for _ in range(2)]
-    try:
-        # Given a DataFrame of arguments for the app's `add` actor
-        df = spark.range(0, ROWS, numPartitions=4).selectExpr("id as x", "1 as y")
-        # When it is enqueued as Dramatiq messages, in one commit
-        (
-            df.write.format("objq")
-            .option("url", url)
-            .option("queue", "default")
-            .option("dramatiq_actor", "add")
-            .option("args_columns", "x,y")
-            .mode("append")
-            .save()
-        )
-        # Then the workers run every message
-        _wait_drained(url, "default", timeout=240)
-    finally:
-        for worker in workers:
-            os.killpg(worker.pid, signal.SIGTERM)
-            worker.wait(timeout=60)
+    for _ in range(2):
+        _start_worker(children, url, results)
+    # Given a DataFrame of arguments for the app's `add` actor
+    df = spark.range(0, ROWS, numPartitions=4).selectExpr("id as x", "1 as y")
+    # When it is enqueued as Dramatiq messages, in one commit
+    (
+        df.write.format("objq")
+        .option("url", url)
+        .option("queue", "default")
+        .option("dramatiq_actor", "add")
+        .option("args_columns", "x,y")
+        .mode("append")
+        .save()
+    )
+    # Then the workers run every message
+    _wait_drained(url, "default", timeout=240)
+    stuck = [worker.pid for worker in children.stop_all(STOP_GRACE_SECONDS)]
+    assert not stuck, f"workers {stuck} ignored SIGTERM for {STOP_GRACE_SECONDS:g} s"
     lines = [line for log in results.glob("*.log") for line in log.read_text().splitlines() if line]
     assert set(lines) == {f"add {x} 1 {x + 1}" for x in range(ROWS)}
     # And the report counts each finished job once

@@ -1,7 +1,8 @@
 """Child-process side of test_multiprocess_race: read-increment-CAS loops on one counter.
 
-A module of its own because the "spawn" start method pickles the target by module and name;
-the test puts this folder on ``sys.path`` before starting children, which inherit it.
+A module of its own because the "spawn" start method pickles the target by module and name
+(``tests.storage.race_worker``): children inherit the parent's ``sys.path``, which holds the
+repository root.
 """
 
 from __future__ import annotations

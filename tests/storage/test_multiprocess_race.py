@@ -7,8 +7,8 @@ would be lost and the final value would fall short of 200 (or a value would be w
 
 from __future__ import annotations
 
-import importlib
 import multiprocessing
+import multiprocessing.queues
 import queue
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from objq_broker.storage import open_store
+from tests.storage import race_worker
+from tests.storage.race_worker import Report
 
 PROCESSES = 4
 INCREMENTS = 50
@@ -29,7 +31,6 @@ def test_cas_counter_survives_racing_processes(
     race_backend: str,
     request: pytest.FixtureRequest,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given a counter at 0 on a store every child can open by URL
     if race_backend == "file":
@@ -39,15 +40,12 @@ def test_cas_counter_survives_racing_processes(
         factory: Callable[[], str] = request.getfixturevalue(factory_name)
         url = factory()
     store = open_store(url)
-    # spawn pickles the target by module name; children inherit the parent's sys.path.
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    race_worker = importlib.import_module("race_worker")
     store.write(race_worker.COUNTER_KEY, b"0", if_absent=True)
 
     # When four processes increment it 50 times each, all starting once all are ready
     context = multiprocessing.get_context("spawn")
     start = context.Barrier(PROCESSES)
-    reports = context.Queue()
+    reports: multiprocessing.queues.Queue[Report] = context.Queue()
     children = [
         context.Process(
             target=race_worker.run_increments,
@@ -59,7 +57,7 @@ def test_cas_counter_survives_racing_processes(
     for child in children:
         child.start()
     try:
-        results = []
+        results: list[Report] = []
         for _ in children:
             try:
                 results.append(reports.get(timeout=RACE_TIMEOUT_SECONDS))

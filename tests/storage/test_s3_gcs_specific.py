@@ -23,13 +23,6 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from google.cloud.storage import blob as blob_module
 from google.cloud.storage._bucket_metadata_cache import BucketMetadataCache
-from servers import (
-    DUMMY_AWS_ENV,
-    create_gcs_bucket,
-    create_s3_bucket,
-    free_port,
-    new_bucket_name,
-)
 
 from objq_broker.errors import (
     AccessDenied,
@@ -41,6 +34,13 @@ from objq_broker.errors import (
 from objq_broker.storage import Blob, open_store
 from objq_broker.storage.gcs import GCSStore
 from objq_broker.storage.s3 import S3Store
+from tests.support.servers import (
+    DUMMY_AWS_ENV,
+    create_gcs_bucket,
+    create_s3_bucket,
+    free_port,
+    new_bucket_name,
+)
 
 #: The SDK's switch-over size from multipart to resumable uploads (8 MiB), plus one byte.
 OVER_RESUMABLE_THRESHOLD = blob_module._MAX_MULTIPART_SIZE + 1

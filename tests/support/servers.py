@@ -14,7 +14,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -24,6 +23,9 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+
+from tests.support.processes import terminate
+from tests.support.waiting import TimedOut, wait_for
 
 #: Seconds a peer gets to answer its first request before the fixture fails.
 STARTUP_TIMEOUT_SECONDS = 20.0
@@ -108,17 +110,6 @@ def create_s3_bucket(endpoint: str, bucket: str) -> None:
         client.close()
 
 
-def terminate(process: subprocess.Popen[bytes], grace_seconds: float) -> None:
-    """Stop a server process: SIGTERM, then SIGKILL if it is still running after the grace."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=grace_seconds)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=grace_seconds)
-
-
 # --- fake-gcs-server ---------------------------------------------------------------------------
 
 
@@ -196,28 +187,36 @@ def _wait_until_answering(
     log_path: Path | None = None,
     accept_status: tuple[int, ...] = (200,),
 ) -> None:
-    """Poll ``url`` until it answers with an accepted status, or raise RuntimeError."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+    """Poll ``url`` until it answers with an accepted status; RuntimeError if it never does
+    within ``STARTUP_TIMEOUT_SECONDS``, or at once if ``process`` (the server) exits."""
     last = "no answer yet"
-    while time.monotonic() < deadline:
+
+    def answering() -> bool:
+        nonlocal last
         if process is not None and process.poll() is not None:
             log = log_path.read_text(errors="replace")[-2000:] if log_path else ""
             raise RuntimeError(f"{what} exited with code {process.returncode}; log: {log!r}")
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status in accept_status:
-                    return
-                last = f"HTTP {response.status}"
+                status: int = response.status
         except urllib.error.HTTPError as exc:
-            if exc.code in accept_status:
-                exc.close()
-                return
-            last = f"HTTP {exc.code}"
+            status = exc.code
             exc.close()
         except OSError as exc:
             last = str(exc)
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} at {url} did not answer in {STARTUP_TIMEOUT_SECONDS:.0f} s: {last}")
+            return False
+        last = f"HTTP {status}"
+        return status in accept_status
+
+    try:
+        wait_for(
+            answering,
+            STARTUP_TIMEOUT_SECONDS,
+            f"{what} to answer at {url}",
+            progress=lambda: f"last: {last}",
+        )
+    except TimedOut as exc:
+        raise RuntimeError(str(exc)) from None
 
 
 # --- redis-server (Celery's result backend in its own suite; the anchor of the benchmarks) -------
@@ -270,19 +269,23 @@ def start_redis(
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = RedisServer(port, process, workdir)
     client = redis.Redis(host="127.0.0.1", port=port)
-    deadline = time.monotonic() + startup_seconds
+
+    def answering() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"redis-server exited with code {process.returncode}: {command}")
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
     try:
-        while True:
-            try:
-                client.ping()
-                return server
-            except redis.ConnectionError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    server.stop()
-                    raise RuntimeError(f"redis-server did not answer: {command}") from None
-                time.sleep(0.05)
+        wait_for(answering, startup_seconds, f"redis-server to answer on port {port}")
+    except (RuntimeError, TimedOut) as exc:
+        server.stop()
+        raise RuntimeError(f"redis-server did not answer: {exc}") from None
     finally:
         client.close()
+    return server
 
 
 # --- pytest fixtures ---------------------------------------------------------------------------

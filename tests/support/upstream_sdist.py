@@ -1,9 +1,9 @@
 """Fetch a project's sdist and unpack some of its folders: how upstream test suites get here.
 
-Shared by ``dramatiq_suite/`` and ``celery_suite/``. The sdist of the *installed* version is
-downloaded once with ``pip download`` into ``.upstream/<project>/`` (git-ignored) and only the
-named folders are unpacked, so the project's own package in the sdist can never shadow the
-installed one.
+Shared by ``kombu_suite/``, ``celery_suite/`` and ``dramatiq_suite/``. The sdist of the
+*installed* version is downloaded once with ``pip download`` into ``.upstream/<project>/``
+(git-ignored) and only the named folders are unpacked, so the project's own package in the
+sdist can never shadow the installed one.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+#: The repository root.
+ROOT = Path(__file__).resolve().parents[2]
 #: Cached sdists and unpacked suites live under here, one folder per project.
 UPSTREAM_DIR = ROOT / ".upstream"
 

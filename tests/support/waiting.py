@@ -22,14 +22,15 @@ class TimedOut(AssertionError):
 
 
 def wait_for(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     timeout: float,
     what: str,
     *,
     interval: float = POLL_INTERVAL_SECONDS,
     progress: Callable[[], object] | None = None,
 ) -> T:
-    """Call ``condition`` every ``interval`` seconds until it returns a truthy value; return it.
+    """Call ``condition`` every ``interval`` seconds until it returns a truthy value; return it
+    (never None, so a condition that returns ``X | None`` gives an ``X``).
 
     Raises ``TimedOut`` naming ``what`` (and showing ``progress()``, if given) when ``timeout``
     seconds pass first. An exception from ``condition`` ends the wait at once: a condition can
