@@ -35,6 +35,8 @@ MAX_ATTEMPTS = 1_000_000
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 #: Most jobs one claim may ask for.
 MAX_CLAIM = 100_000
+#: Most entries one staged bodies object may hold (a Spark partition writes several objects).
+MAX_STAGED_ENTRIES = 1_000_000
 
 _QUEUE_NAME_PATTERN = r"^[^/\x00-\x1f\x7f-\x9f]+$"
 QueueName = Annotated[

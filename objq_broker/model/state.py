@@ -27,6 +27,7 @@ from objq_broker.model.backoff import backoff_seconds
 from objq_broker.model.bodies import INLINE_MAX_BYTES, split_ref
 from objq_broker.model.checks import (
     MAX_QUEUE_NAME,
+    MAX_STAGED_ENTRIES,
     Attempts,
     Identifier,
     Priority,
@@ -72,7 +73,7 @@ class StagedBodies(msgspec.Struct, frozen=True):
     means the batch's value for every entry."""
 
     key: Identifier
-    count: Annotated[int, msgspec.Meta(ge=1)]
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_STAGED_ENTRIES)]
     priorities: tuple[Priority, ...] | None = None
     delays: tuple[SignedSeconds, ...] | None = None
 

@@ -38,6 +38,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ObjqError, QueueError
 from objq_broker.model.bodies import encode_bodies
+from objq_broker.model.checks import MAX_STAGED_ENTRIES
 from objq_broker.model.records import encode_payload
 from objq_broker.ops import StagedBodies
 from objq_broker.queue import Queue
@@ -257,5 +258,5 @@ def settings_from_options(options: Any, columns: list[str]) -> WriteSettings:
         priority=option_int(options, "priority", 0, where) or 0,
         delay_seconds=option_float(options, "delay_seconds", 0.0, where),
         max_attempts=max_attempts,
-        rows_per_object=max(rows_per_object or DEFAULT_ROWS_PER_OBJECT, 1),
+        rows_per_object=min(max(rows_per_object or DEFAULT_ROWS_PER_OBJECT, 1), MAX_STAGED_ENTRIES),
     )
