@@ -162,6 +162,16 @@ def delete_queue(queue: str) -> ops.DeleteQueue:
 # --- producing -------------------------------------------------------------------------------
 
 
+def _enqueue_args(
+    queue: str, priority: int, delay: Delay, max_attempts: int | None, where: str
+) -> _EnqueueArgs:
+    """The options every job of an enqueue shares, checked in one conversion."""
+    given = {"queue": queue, "priority": priority, "max_attempts": max_attempts}
+    return checked(
+        {**given, "delay": seconds(delay, f"{where}: delay") or 0.0}, _EnqueueArgs, where
+    )
+
+
 def enqueue(
     queue: str,
     payloads: Iterable[bytes],
@@ -172,16 +182,7 @@ def enqueue(
     keys: Sequence[str | None] | None = None,
 ) -> ops.Enqueue:
     where = f"enqueue to {queue!r}"
-    args = checked(
-        {
-            "queue": queue,
-            "priority": priority,
-            "delay": seconds(delay, f"{where}: delay") or 0.0,
-            "max_attempts": max_attempts,
-        },
-        _EnqueueArgs,
-        where,
-    )
+    args = _enqueue_args(queue, priority, delay, max_attempts, where)
     items: list[NewJob] = []
     for index, payload in enumerate(payloads):
         if not isinstance(payload, bytes | bytearray | memoryview):
@@ -219,16 +220,7 @@ def enqueue_staged(
     max_attempts: int | None = None,
 ) -> ops.EnqueueStaged:
     where = f"staged enqueue to {queue!r}"
-    args = checked(
-        {
-            "queue": queue,
-            "priority": priority,
-            "delay": seconds(delay, f"{where}: delay") or 0.0,
-            "max_attempts": max_attempts,
-        },
-        _EnqueueArgs,
-        where,
-    )
+    args = _enqueue_args(queue, priority, delay, max_attempts, where)
     items = [checked(msgspec.structs.asdict(item), StagedBodies, where) for item in staged]
     total = sum(item.count for item in items)
     base = uuid.uuid4().hex[:20]  # ids made before submitting: a replay is identical
