@@ -1,16 +1,17 @@
 """Fixtures shared by the kombu transport's tests (``store_url`` is overridden where a test
-module needs another store)."""
+module needs another store). kombu is imported by the fixture that needs it, so the Dramatiq
+tests of this folder run where kombu is not installed (the Dramatiq tox envs)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import kombu
 import pytest
 
-import objq_broker.kombu  # noqa: F401  (registers the objq+... URLs)
+if TYPE_CHECKING:
+    import kombu
 
 
 @pytest.fixture
@@ -21,6 +22,10 @@ def store_url(tmp_path: Path) -> str:
 @pytest.fixture
 def connect(store_url: str) -> Iterator[Any]:
     """``connect(**transport_options)``: an open connection to ``store_url``, closed after."""
+    import kombu
+
+    import objq_broker.kombu  # noqa: F401  (registers the objq+... URLs)
+
     opened: list[kombu.Connection] = []
 
     def make(**options: Any) -> kombu.Connection:
