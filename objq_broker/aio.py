@@ -23,6 +23,7 @@ from objq_broker.model.ops import DeadLetters, Expire, FindJob, GetConfig, Op, Q
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
 from objq_broker.model.state import QueueStats, StagedBodies
 from objq_broker.queue import (
+    DEFAULT_MAX_POLL_SECONDS,
     DEFAULT_POLL_SECONDS,
     Delay,
     Delivery,
@@ -59,12 +60,19 @@ class AsyncQueue:
         store: ObjectStore | None = None,
         owner: str | None = None,
         poll_seconds: float = DEFAULT_POLL_SECONDS,
+        max_poll_seconds: float = DEFAULT_MAX_POLL_SECONDS,
         broker: str | None = None,
         **options: Any,
     ) -> None:
         #: The synchronous queue whose committer this one shares.
         self.sync = Queue(
-            url, store=store, owner=owner, poll_seconds=poll_seconds, broker=broker, **options
+            url,
+            store=store,
+            owner=owner,
+            poll_seconds=poll_seconds,
+            max_poll_seconds=max_poll_seconds,
+            broker=broker,
+            **options,
         )
         self._commits = 0
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
@@ -189,17 +197,17 @@ class AsyncQueue:
                 seen = self._commits
                 claim = self.sync.submit_claim(queue, n, lease=lease, owner=owner)
                 found = await asyncio.wrap_future(self.sync.then_fill(claim))
+                pause = self.sync.next_poll_wait(bool(found))
                 if found or end is None or time.monotonic() >= end:
                     return found
-                await self._next_commit(seen + 1, event, end)
+                await self._next_commit(seen + 1, event, min(end, time.monotonic() + pause))
         finally:
             with self._lock:
                 self._waiters.discard(waiter)
 
-    async def _next_commit(self, after: int, event: asyncio.Event, end: float) -> None:
-        """Wait for a commit past ``after`` (a later local enqueue, say), the poll interval
-        (another process's commit), or ``end``."""
-        until = min(end, time.monotonic() + self.sync.poll_seconds)
+    async def _next_commit(self, after: int, event: asyncio.Event, until: float) -> None:
+        """Wait for a commit past ``after`` (a later local enqueue, say) or until ``until``
+        (the next look for another process's commit, or the claim's timeout)."""
         while self._commits <= after:
             remaining = until - time.monotonic()
             if remaining <= 0:

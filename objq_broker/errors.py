@@ -59,6 +59,18 @@ class WriterFenced(ObjqError):
     """Another writer with a newer epoch took over this namespace; this one must stop."""
 
 
+# --- the elected broker ----------------------------------------------------------------------
+
+
+class BrokerTaken(ObjqError):
+    """Another process became the namespace's broker first; this one stays a client."""
+
+
+class BrokerUnreachable(StorageUnavailable):
+    """The namespace's broker did not answer (gone, paused, or not a broker of this
+    namespace); the client looks for another, or takes over, or commits directly."""
+
+
 # --- queue -----------------------------------------------------------------------------------
 
 

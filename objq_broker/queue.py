@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -22,7 +21,8 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from objq_broker import ops
-from objq_broker.engine.commit import Engine, EngineMetrics
+from objq_broker.broker.settings import BrokerSettings, broker_settings
+from objq_broker.engine.commit import DEFAULT_COMMIT_DEADLINE_SECONDS, Engine, EngineMetrics
 from objq_broker.engine.options import resolve_store
 from objq_broker.engine.port import Committer
 from objq_broker.errors import ConfigurationError, LeaseLost
@@ -35,12 +35,21 @@ from objq_broker.storage import ObjectStore
 T = TypeVar("T")
 log = logging.getLogger("objq_broker.queue")
 
-#: Environment variable holding the broker's shared token (read when a queue is built).
-BROKER_TOKEN_ENV = "OBJQ_BROKER_TOKEN"
-#: How often ``claim(timeout=...)`` looks at the state again while the queue is empty.
+#: How soon ``claim(timeout=...)`` looks at the state again when a claim found nothing. The
+#: wait doubles while claims keep finding nothing, up to ``DEFAULT_MAX_POLL_SECONDS`` (each
+#: look is a storage read in direct mode), and starts again from here when one finds a job. A
+#: commit of this process (a local enqueue) wakes claimers at once whatever the wait.
 DEFAULT_POLL_SECONDS = 0.5
+DEFAULT_MAX_POLL_SECONDS = 4.0
 
-__all__ = ["DEFAULT_POLL_SECONDS", "Delay", "Delivery", "Queue", "default_owner"]
+__all__ = [
+    "DEFAULT_MAX_POLL_SECONDS",
+    "DEFAULT_POLL_SECONDS",
+    "Delay",
+    "Delivery",
+    "Queue",
+    "default_owner",
+]
 
 
 class Queue:
@@ -61,15 +70,19 @@ class Queue:
         store: ObjectStore | None = None,
         owner: str | None = None,
         poll_seconds: float = DEFAULT_POLL_SECONDS,
+        max_poll_seconds: float = DEFAULT_MAX_POLL_SECONDS,
         broker: str | None = None,
         **options: Any,
     ) -> None:
+        settings = broker_settings(broker, options)
         self.store, engine_options = resolve_store(url, store, options, "Queue")
         #: Where operations go: the local group-commit engine, or a broker that commits for
         #: every process of the namespace.
-        self.committer: Committer = open_committer(self.store, broker, engine_options)
+        self.committer: Committer = open_committer(self.store, settings, engine_options)
         self.owner = owner or default_owner()
         self.poll_seconds = poll_seconds
+        self.max_poll_seconds = max(max_poll_seconds, poll_seconds)
+        self._poll_wait = poll_seconds  # grows while claims find nothing
         self._arrivals = threading.Condition()
         self._commits = 0  # batches committed; claimers wait for it to move
         self.committer.on_commit(self._wake_claimers)
@@ -134,6 +147,16 @@ class Queue:
 
         claim.add_done_callback(claimed)
         return filled
+
+    def next_poll_wait(self, found: bool) -> float:
+        """How long a claimer waits before looking again, after a claim that ``found`` jobs
+        or not: doubles while claims find nothing, shared by every claimer of this queue."""
+        with self._arrivals:
+            if found:
+                self._poll_wait = self.poll_seconds
+            else:
+                self._poll_wait = min(self._poll_wait * 2, self.max_poll_seconds)
+            return self._poll_wait
 
     def _committed_since(self, count: int) -> bool:
         return self._commits > count
@@ -254,6 +277,7 @@ class Queue:
             seen = self._commits
             claim = self.submit_claim(queue, n, lease=lease, owner=owner)
             found = self.then_fill(claim).result()
+            pause = self.next_poll_wait(bool(found))
             if found or end is None:
                 return found
             remaining = end - time.monotonic()
@@ -262,8 +286,7 @@ class Queue:
             # Woken early by a later local commit (a local enqueue, say); else poll storage.
             with self._arrivals:
                 self._arrivals.wait_for(
-                    functools.partial(self._committed_since, seen + 1),
-                    min(remaining, self.poll_seconds),
+                    functools.partial(self._committed_since, seen + 1), min(remaining, pause)
                 )
 
     def ack(self, delivery: Delivery, *, wait: bool = True) -> None:
@@ -402,21 +425,30 @@ class Queue:
         self.committer.close()
 
 
-def open_committer(store: ObjectStore, broker: str | None, options: dict[str, Any]) -> Committer:
-    """The local engine, or with ``broker`` (``host:port``) a client of that broker (preview:
-    a broker started with ``objq broker``; its token from ``$OBJQ_BROKER_TOKEN``)."""
-    if broker is None:
+def open_committer(
+    store: ObjectStore, settings: BrokerSettings, options: dict[str, Any]
+) -> Committer:
+    """The local engine (mode ``off``), or a committer that goes through the namespace's
+    broker (:mod:`objq_broker.broker.settings` lists the modes)."""
+    if settings.mode == "off":
         return Engine(store, **options)
-    from objq_broker.broker.client import BrokerClient  # needs grpcio: imported when asked for
-
-    extra = sorted(set(options) - {"commit_deadline_seconds"})
-    if extra:
+    try:  # needs grpcio: imported only when a broker is asked for
+        from objq_broker.broker.elected import ElectedCommitter
+    except ModuleNotFoundError as exc:
         raise ConfigurationError(
-            f"Queue: engine options {extra} have no effect with broker={broker!r} (the broker's "
-            "engine commits); expected none, or commit_deadline_seconds"
+            f"Queue: broker mode {settings.mode!r} needs grpcio ({exc}): "
+            "pip install 'objq-broker[broker]'"
+        ) from exc
+    refused = sorted(set(options) & {"epoch", "exclusive"})
+    if refused:
+        raise ConfigurationError(
+            f"Queue: engine options {refused} are the broker's own; expected none of them "
+            f"with broker mode {settings.mode!r}"
         )
-    token = os.environ.get(BROKER_TOKEN_ENV) or None
-    return BrokerClient(store, broker, token=token, **options)
+    deadline = options.pop("commit_deadline_seconds", DEFAULT_COMMIT_DEADLINE_SECONDS)
+    return ElectedCommitter(
+        store, settings, commit_deadline_seconds=deadline, engine_options=options
+    )
 
 
 def heartbeat_interval(deliveries: Sequence[Delivery], every: float | None) -> float:

@@ -12,7 +12,7 @@ from objq_broker import AsyncQueue, Queue
 LIBRARY = Path(__file__).resolve().parent.parent / "objq_broker"
 #: Queue methods that only make sense synchronously (futures and payload filling are what the
 #: coroutines are built on; the consumer core uses them).
-SYNC_ONLY = {"submit", "submit_claim", "then_fill", "fill", "fill_deliveries"}
+SYNC_ONLY = {"submit", "submit_claim", "then_fill", "fill", "fill_deliveries", "next_poll_wait"}
 
 
 def _public(cls: type) -> dict[str, inspect.Signature]:

@@ -1,11 +1,20 @@
-"""The broker: one process runs the commit loop for a namespace and takes the operations of
-every other process over gRPC, so they stop racing each other's compare-and-set writes.
+"""The broker's service: one process runs the commit loop for a namespace and takes the
+operations of every other process over gRPC, so they stop racing each other's writes.
 
-One unary method, ``/objq.Broker/Apply``: a request is a batch of operations from one client
-(:mod:`objq_broker.broker.wire`); the broker submits them all to its engine (so they share a
-commit with every other client's operations), waits until each is durable or refused, and
-answers with one outcome per operation. A shared token (gRPC metadata ``objq-token``) is
-required for any address beyond loopback; it is compared in constant time and never logged.
+Three methods under ``/objq.Broker/``:
+
+* ``Apply``: a request is one client's :class:`~objq_broker.model.ops.Session` (a numbered
+  batch of operations, :mod:`objq_broker.broker.wire`). The broker submits it to its engine, so
+  it shares a commit with every other client's, and answers once it is durable (or refused)
+  with one outcome per operation. A broker that a newer one has fenced answers
+  ``FAILED_PRECONDITION``: the client looks up the new one and sends the same session there.
+* ``Hello``: which broker this is (its id, namespace and epoch), so a client never mistakes
+  another process on a reused port for its broker.
+* ``Watch``: a stream with one small message after each commit, so a client's claimers wait on
+  the broker instead of polling storage.
+
+A shared token (metadata ``objq-token``) is required for any address beyond loopback; it is
+compared in constant time and never logged. TLS is on when a certificate and key are given.
 """
 
 from __future__ import annotations
@@ -13,40 +22,37 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 
 from objq_broker.broker import wire
-from objq_broker.engine.commit import Engine
 from objq_broker.engine.port import Committer
-from objq_broker.errors import ConfigurationError, ObjqError
-from objq_broker.storage.base import ObjectStore
+from objq_broker.errors import ConfigurationError, ObjqError, WriterFenced
 
 log = logging.getLogger("objq_broker.broker")
 
-#: The service and method a client calls.
+#: The service and its methods.
 SERVICE = "objq.Broker"
 APPLY_METHOD = f"/{SERVICE}/Apply"
+HELLO_METHOD = f"/{SERVICE}/Hello"
+WATCH_METHOD = f"/{SERVICE}/Watch"
 #: Metadata key that carries the shared token.
 TOKEN_METADATA = "objq-token"
-#: Threads answering requests; each waits for its batch's commit, most of the time.
-DEFAULT_WORKER_THREADS = 64
+#: Threads answering calls: each waits for its batch's commit, or holds one watch stream.
+DEFAULT_WORKER_THREADS = 256
+#: A watch stream says something at least this often, so both ends notice a dead peer.
+WATCH_KEEPALIVE_SECONDS = 10.0
 #: Largest request or response accepted (a batch of large payloads).
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),  # a port someone else holds is refused, never shared
 ]
-
-
-def serve(store: ObjectStore, *, listen: str, token: str | None = None) -> BrokerServer:
-    """A broker for ``store`` on ``listen``, started: its own engine, the namespace's one
-    writer (it reads the state only after a conflict)."""
-    server = BrokerServer(Engine(store, exclusive=True), listen=listen, token=token)
-    server.start()
-    return server
 
 
 def is_loopback(address: str) -> bool:
@@ -63,6 +69,8 @@ def is_loopback(address: str) -> bool:
 class BrokerServer:
     """Serves ``committer`` (the broker's own engine) to clients on ``listen``.
 
+    ``hello``: who this broker is. ``tls``: paths of a PEM certificate and its key.
+
     >>> from objq_broker.engine import Engine
     >>> from objq_broker.storage import MemoryStore
     >>> server = BrokerServer(Engine(MemoryStore()), listen="127.0.0.1:0")
@@ -77,27 +85,43 @@ class BrokerServer:
         *,
         listen: str,
         token: str | None = None,
+        hello: wire.Hello | None = None,
+        tls: tuple[str, str] | None = None,
         worker_threads: int = DEFAULT_WORKER_THREADS,
     ) -> None:
         if not token and not is_loopback(listen):
             raise ConfigurationError(
                 f"objq broker: listening on {listen!r} beyond loopback needs a shared token "
-                "(--token-env or $OBJQ_BROKER_TOKEN): anyone who can read the bucket can read "
-                "the broker's address"
+                "(broker_token= or $OBJQ_BROKER_TOKEN): anyone who can read the bucket can "
+                "read the broker's address"
             )
         self.committer = committer
         self.listen = listen
+        self.hello = hello or wire.Hello("", "", None)
         self._token = token.encode() if token else None
+        self._commits = 0
+        self._writes_seen = 0
+        self._changed = threading.Condition()
+        self._stopping = False
+        committer.on_commit(self._committed)
         self._server = grpc.server(
             ThreadPoolExecutor(worker_threads, thread_name_prefix="objq-broker"),
             options=GRPC_OPTIONS,
         )
         handler = grpc.method_handlers_generic_handler(
-            SERVICE, {"Apply": grpc.unary_unary_rpc_method_handler(self._apply)}
+            SERVICE,
+            {
+                "Apply": grpc.unary_unary_rpc_method_handler(self._apply),
+                "Hello": grpc.unary_unary_rpc_method_handler(self._hello),
+                "Watch": grpc.unary_stream_rpc_method_handler(self._watch),
+            },
         )
         self._server.add_generic_rpc_handlers((handler,))
         try:
-            self.port = self._server.add_insecure_port(listen)
+            if tls is None:
+                self.port = self._server.add_insecure_port(listen)
+            else:
+                self.port = self._server.add_secure_port(listen, _server_credentials(*tls))
         except RuntimeError as exc:
             raise ConfigurationError(f"objq broker: cannot listen on {listen!r}: {exc}") from exc
 
@@ -110,38 +134,62 @@ class BrokerServer:
         self._server.start()
         log.info("objq broker serving %s on %s", self.committer, self.address)
 
-    def stop(self, grace: float | None = 5.0) -> None:
-        """Stop taking requests, let those in progress finish (up to ``grace``), then commit
-        what is pending and close the engine."""
+    def stop(self, grace: float | None = 5.0, *, close_committer: bool = True) -> None:
+        """Stop taking calls, let those in progress finish (up to ``grace``), end the watch
+        streams, then (``close_committer``) commit what is pending and close the engine."""
+        with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
         self._server.stop(grace).wait()
-        self.committer.close()
+        if close_committer:
+            self.committer.close()
+
+    # --- the methods -----------------------------------------------------------------------
 
     def _apply(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self._authorize(context)
         try:
-            batch = wire.decode_request(request)
+            session = wire.decode_request(request)
         except ConfigurationError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        futures: list[Future[Any] | BaseException] = []
-        for op in batch:
-            try:
-                futures.append(self.committer.submit(op))
-            except ObjqError as exc:  # closed, or fenced: this op is refused, not the batch
-                futures.append(exc)
-        outcomes = [self._outcome(future) for future in futures]
-        return wire.encode_response(outcomes)
-
-    @staticmethod
-    def _outcome(future: Future[Any] | BaseException) -> wire.Outcome:
-        if isinstance(future, BaseException):
-            return wire.outcome_of(error=future)
         try:
-            return wire.outcome_of(future.result())
-        except ObjqError as exc:
-            return wire.outcome_of(error=exc)
+            outcomes = self.committer.submit(session).result()
+        except WriterFenced as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"objq broker fenced: {exc}")
+        except ObjqError as exc:  # the whole batch failed (storage, closed): each op says so
+            outcomes = [(False, exc)] * len(session.ops)
         except Exception as exc:  # a bug: the client sees it as an error, the log keeps it
-            log.exception("operation failed unexpectedly")
-            return wire.outcome_of(error=ObjqError(f"broker error: {type(exc).__name__}: {exc}"))
+            log.exception("session failed unexpectedly")
+            error = ObjqError(f"broker error: {type(exc).__name__}: {exc}")
+            outcomes = [(False, error)] * len(session.ops)
+        return wire.encode_outcomes(outcomes)
+
+    def _hello(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self._authorize(context)
+        return wire.encode_hello(self.hello)
+
+    def _watch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        self._authorize(context)
+        seen = self._commits
+        while context.is_active():
+            with self._changed:
+                if self._commits == seen and not self._stopping:
+                    self._changed.wait(WATCH_KEEPALIVE_SECONDS)  # a commit, a stop or a beat
+                if self._stopping:
+                    return
+                seen = self._commits
+            yield b"."
+
+    def _committed(self) -> None:
+        # Only a commit that wrote can have made a job claimable: a claim that found nothing
+        # must not wake every other idle claimer (who would then find nothing, and so on).
+        writes = self.committer.metrics.state_writes
+        with self._changed:
+            if writes == self._writes_seen:
+                return
+            self._writes_seen = writes
+            self._commits += 1
+            self._changed.notify_all()
 
     def _authorize(self, context: grpc.ServicerContext) -> None:
         if self._token is None:
@@ -154,3 +202,11 @@ class BrokerServer:
                 "objq broker: missing or wrong token (set the same OBJQ_BROKER_TOKEN on the "
                 "broker and its clients)",
             )
+
+
+def _server_credentials(cert: str, key: str) -> grpc.ServerCredentials:
+    try:
+        pair = (Path(key).read_bytes(), Path(cert).read_bytes())
+    except OSError as exc:
+        raise ConfigurationError(f"objq broker: cannot read TLS certificate or key: {exc}") from exc
+    return grpc.ssl_server_credentials([pair])

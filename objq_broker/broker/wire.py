@@ -1,7 +1,8 @@
 """What a broker client and a broker say to each other: operations and their outcomes as JSON.
 
-A request is a list of operations (:mod:`objq_broker.model.ops`, tagged msgspec structs); the
-broker decodes them with every constraint checked again, as if they had been built locally. A
+A request is a :class:`~objq_broker.model.ops.Session`: the client's id, the request's number,
+and its operations (:mod:`objq_broker.model.ops`, tagged msgspec structs); the broker decodes
+them with every constraint checked again, as if they had been built locally. A
 response is one outcome per operation, in order: its result, encoded as the operation's result
 type says, or the error that refused it (its class name, from the one tree in
 :mod:`objq_broker.errors`, and its message), which the client raises again as the same class.
@@ -19,7 +20,7 @@ from objq_broker import errors
 from objq_broker.model import ops
 
 _encoder = msgspec.json.Encoder()
-_request_decoder = msgspec.json.Decoder(list[ops.ANY_OP])
+_request_decoder = msgspec.json.Decoder(ops.Session)
 
 
 class Done(msgspec.Struct, tag=True, frozen=True):
@@ -39,18 +40,44 @@ Outcome = Done | Refused
 _response_decoder = msgspec.json.Decoder(list[Outcome])
 
 
-def encode_request(batch: Sequence[ops.Op[Any]]) -> bytes:
-    return _encoder.encode(list(batch))
+def encode_request(session: ops.Session) -> bytes:
+    return _encoder.encode(session)
 
 
-def decode_request(data: bytes) -> list[ops.Op[Any]]:
-    """The operations of a request; :class:`~objq_broker.errors.ConfigurationError` if any is
+def decode_request(data: bytes) -> ops.Session:
+    """A request; :class:`~objq_broker.errors.ConfigurationError` if any operation is
     malformed or out of range (nothing of the request is applied then)."""
     try:
-        decoded: list[ops.Op[Any]] = _request_decoder.decode(data)
+        decoded: ops.Session = _request_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise errors.ConfigurationError(f"broker request: {exc}") from None
     return decoded
+
+
+def encode_outcomes(outcomes: ops.Outcomes) -> bytes:
+    """A session's results, as a response."""
+    return encode_response(
+        [outcome_of(value) if ok else outcome_of(error=value) for ok, value in outcomes]
+    )
+
+
+class Hello(msgspec.Struct, frozen=True):
+    """What a broker says about itself: which broker of which namespace, at which epoch."""
+
+    broker: str
+    namespace: str
+    epoch: int | None
+
+
+def encode_hello(hello: Hello) -> bytes:
+    return _encoder.encode(hello)
+
+
+def decode_hello(data: bytes) -> Hello:
+    try:
+        return msgspec.json.decode(data, type=Hello)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise errors.StorageError(f"broker hello: {exc}") from None
 
 
 def outcome_of(value: object = None, error: BaseException | None = None) -> Outcome:

@@ -1,44 +1,68 @@
-"""``objq broker``: run a dedicated broker for a namespace (preview).
+"""``objq broker``: a dedicated broker for a namespace, or its standby.
 
-The broker commits every operation its clients send (``Queue(url, broker="host:port")``), so
-many processes share a namespace without racing each other's compare-and-set writes. It runs
-until SIGTERM or SIGINT, then finishes the requests in progress and commits what is pending.
+It takes part in the election like any process of an ``auto`` namespace, but does nothing
+else: when no broker holds the namespace it takes over and commits for every client
+(``Queue(url, broker="auto")`` or ``"client"``, or ``broker="host:port"`` to name it); when one
+does, it stands by and takes over once that one has been unreachable for the takeover time.
+It runs until SIGTERM or SIGINT, then commits what is pending and clears its record.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
 
 from objq_broker.cli.context import Context
-from objq_broker.errors import ConfigurationError
+from objq_broker.errors import ConfigurationError, ObjqError
 
-#: Environment variable holding the shared token clients present.
-TOKEN_ENV = "OBJQ_BROKER_TOKEN"
+#: How often a standby checks that the broker still answers.
+STANDBY_CHECK_SECONDS = 1.0
 
 
 def cmd_broker(ctx: Context) -> int:
     try:
-        from objq_broker.broker.server import serve
+        from objq_broker.broker.elected import ElectedCommitter
+        from objq_broker.broker.settings import broker_settings
     except ModuleNotFoundError as exc:
         raise ConfigurationError(
             f"objq broker needs grpcio ({exc}): pip install 'objq-broker[broker]'"
         ) from exc
+    from objq_broker.model.ops import Nothing
+
     logging.basicConfig(format="objq broker: %(message)s", level=logging.INFO)
     ctx.snapshot(create=True)  # a missing bucket or a corrupt state fails here, in one line
-    token = os.environ.get(TOKEN_ENV) or None
-    server = serve(ctx.store(create=True), listen=ctx.args.listen, token=token)
+    options = {"broker_listen": ctx.args.listen, "broker_advertise": ctx.args.advertise}
+    if ctx.args.takeover_seconds is not None:
+        options["broker_takeover_seconds"] = ctx.args.takeover_seconds
+    settings = broker_settings("auto", {k: v for k, v in options.items() if v is not None})
+    committer = ElectedCommitter(ctx.store(create=True), settings)
     stop = threading.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
+    role = ""
+    try:
+        while not stop.is_set():
+            try:
+                committer.submit(Nothing()).result()  # a standby finds a lost broker here
+            except ObjqError as exc:
+                logging.getLogger("objq_broker.broker").warning("%s", exc)
+            if committer.role != role:
+                role = committer.role
+                _announce(ctx, committer.role, committer.record)
+            stop.wait(STANDBY_CHECK_SECONDS)
+    finally:
+        committer.close()
+    return 0
+
+
+def _announce(ctx: Context, role: str, record: object) -> None:
+    address = getattr(record, "address", None)
+    event = "serving" if role == "leader" else "standby"
+    epoch = getattr(record, "epoch", None)
     ctx.emit(
-        {"event": "serving", "address": server.address, "url": ctx.store().url},
-        f"objq broker: serving {ctx.store().url} on {server.address}",
+        {"event": event, "address": address, "epoch": epoch, "url": ctx.store().url},
+        f"objq broker: {event} {ctx.store().url}: broker at {address} (epoch {epoch})",
     )
     sys.stdout.flush()
-    stop.wait()
-    server.stop()
-    return 0

@@ -149,11 +149,24 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
     from objq_broker.cli import broker, demo
 
-    sub = _add(commands, common, "broker", broker.cmd_broker, "commit for other processes")
+    sub = _add(
+        commands, common, "broker", broker.cmd_broker, "commit for other processes (or stand by)"
+    )
     sub.add_argument(
         "--listen",
         default="127.0.0.1:7700",
         help="host:port to serve on (127.0.0.1:7700); beyond loopback needs $OBJQ_BROKER_TOKEN",
+    )
+    sub.add_argument(
+        "--advertise",
+        default=None,
+        help="host:port other hosts reach this broker at (default: the address listened on)",
+    )
+    sub.add_argument(
+        "--takeover-seconds",
+        type=float,
+        default=None,
+        help="how long the broker may be unreachable before a standby takes over (5)",
     )
 
     sub = _add(commands, common, "demo", demo.cmd_demo, "a few thousand jobs, start to end")

@@ -8,8 +8,10 @@ up while a write is in flight: that is the batching.
 
 Failure handling, in order of likelihood:
 
-* **Conflict** (another process committed first): re-read, re-apply the batch, retry after a
-  jittered exponential backoff.
+* **Conflict** (another process committed first): re-read, re-apply the batch and retry at
+  once (a few milliseconds of jitter). A conflict means another writer made progress, so it
+  restarts the deadline: no call fails while the namespace as a whole is moving, and a writer
+  that lost does not fall behind those that won by waiting longer after each loss.
 * **Storage error**: retry until ``commit_deadline_seconds``, then fail the batch's futures. No
   future is ever resolved as a success before its effect is durable.
 * **Ambiguous write** (the write may have landed although the call failed): re-read and look for
@@ -74,8 +76,15 @@ DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
 DEFAULT_COMMIT_DEADLINE_SECONDS = 30.0
 #: How old the cached state may be before a claim or a read fetches it again.
 DEFAULT_MAX_STALENESS_SECONDS = 0.2
-#: How often an idle consumer engine looks for stale leases to expire.
+#: How often an idle consumer engine looks for stale leases to expire (at first: the interval
+#: doubles while nothing happens, up to ``MAX_IDLE_TICK_SECONDS``).
 DEFAULT_IDLE_TICK_SECONDS = 1.0
+MAX_IDLE_TICK_SECONDS = 16.0
+#: How long an exclusive engine (a broker) trusts its cached state without a write: it reads
+#: again after this long idle, to see a direct writer's changes or a successor's epoch.
+EXCLUSIVE_RECHECK_SECONDS = 30.0
+#: Longest pause before retrying after a conflict (jitter, so losers do not collide again).
+CONFLICT_JITTER_SECONDS = 0.003
 #: Longest adaptive wait for a batch to fill (see ``Engine._linger``).
 ADAPTIVE_LINGER_MAX_SECONDS = 0.02
 #: Errors that no retry can fix: fail the batch at once.
@@ -120,6 +129,8 @@ class _Attempt:
     finished: list[Finished] = field(default_factory=list)
     #: Objects this attempt wrote before the state (archive, bodies): orphans if it fails.
     written: list[str] = field(default_factory=list)
+    #: What each of those objects holds, so a retry that would write the same reuses it.
+    contents: dict[str, object] = field(default_factory=dict)
 
 
 class Engine:
@@ -145,8 +156,9 @@ class Engine:
         commit_deadline_seconds: float = DEFAULT_COMMIT_DEADLINE_SECONDS,
         max_staleness_seconds: float = DEFAULT_MAX_STALENESS_SECONDS,
         idle_tick_seconds: float = DEFAULT_IDLE_TICK_SECONDS,
-        epoch: int = 0,
+        epoch: int | None = None,
         exclusive: bool = False,
+        bodies: BodyCache | None = None,
         clock: Callable[[], float] = time.time,
         seed: int | None = None,
     ) -> None:
@@ -164,6 +176,8 @@ class Engine:
         self.commit_deadline_seconds = commit_deadline_seconds
         self.max_staleness_seconds = max_staleness_seconds
         self.idle_tick_seconds = idle_tick_seconds
+        #: The epoch this engine writes under (an elected broker's); a state with a higher one
+        #: means it was replaced, and it stops. None: not elected, never fenced.
         self.epoch = epoch
         #: This engine is the namespace's only writer (a broker): its cached state is the
         #: stored one, so it reads only after a conflict, never to look for others' changes.
@@ -171,7 +185,7 @@ class Engine:
         self.clock = clock
         self.metrics = EngineMetrics()
         #: Payload bodies kept out of the state, cached by bodies object.
-        self.bodies = BodyCache(store)
+        self.bodies = bodies if bodies is not None else BodyCache(store)
         self._janitor = Janitor(store)
         self._rng = random.Random(seed)
         self._state: QueueState | None = None
@@ -185,8 +199,16 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._commit_listeners: list[Callable[[], None]] = []
         self._uncertain: _Attempt | None = None  # a write that may have landed
+        self._spare: _Attempt | None = None  # one that did not: its objects may serve again
         self._last_batch_ops = 0
         self._last_commit_seconds = 0.0
+        self._idle_tick = idle_tick_seconds
+        self._lost_against: str | None = None  # the version a conflicting write expected
+        self._others_moved = False  # the state changed since that conflict: progress
+
+    def __repr__(self) -> str:
+        role = "" if self.epoch is None else f", epoch={self.epoch}"
+        return f"Engine({self.store.url!r}{role})"
 
     # --- public ----------------------------------------------------------------------------
 
@@ -242,6 +264,11 @@ class Engine:
     def closed(self) -> bool:
         return self._closing
 
+    @property
+    def fenced(self) -> WriterFenced | None:
+        """Why this engine stopped writing, if a writer with a newer epoch replaced it."""
+        return self._fenced
+
     # --- writer thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -257,9 +284,13 @@ class Engine:
             while not self._pending:
                 if self._closing:
                     return None
-                tick = self.idle_tick_seconds if self._consumer else None
+                tick = self._idle_tick if self._consumer else None
                 if not self._cv.wait(tick) and not self._pending:
-                    return []  # idle tick: expire stale leases
+                    # Idle tick: expire stale leases. Each costs a read in direct mode, so
+                    # they grow sparser while nothing happens (claims expire leases too).
+                    self._idle_tick = min(self._idle_tick * 2, MAX_IDLE_TICK_SECONDS)
+                    return []
+            self._idle_tick = self.idle_tick_seconds
             self._linger()
             batch: list[_Op] = []
             size = 0
@@ -310,6 +341,9 @@ class Engine:
                 latest=any(op.latest for op in batch),
             )
         finally:
+            if self._spare is not None:
+                self._discard_written(self._spare)
+                self._spare = None
             self.metrics.batches += 1
             self.metrics.ops += len(batch)
             self.metrics.max_batch_ops = max(self.metrics.max_batch_ops, len(batch))
@@ -335,17 +369,31 @@ class Engine:
                 self._fail(live, exc)
                 return
             except (PreconditionFailed, StorageError) as exc:
-                self._invalidate()
-                if isinstance(exc, PreconditionFailed):
-                    self.metrics.conflicts += 1
-                else:
-                    self.metrics.storage_errors += 1
-                    log.warning("storage error on %s, retrying: %s", self.store.url, exc)
+                deadline = self._note_failure(exc, deadline)
                 if time.monotonic() >= deadline:
                     self._fail(live, self._deadline_error(exc, tries, self._uncertain))
                     return
-                pause = backoff_seconds(tries, 0.005, 1.0, self._rng.random())
+                if isinstance(exc, PreconditionFailed):
+                    # Re-read and go again: waiting longer only hands the lead to the others.
+                    pause = self._rng.random() * CONFLICT_JITTER_SECONDS
+                else:
+                    pause = backoff_seconds(tries, 0.005, 1.0, self._rng.random())
                 time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+
+    def _note_failure(self, exc: StorageError, deadline: float) -> float:
+        """Count a failed try and drop the cache; returns the batch's deadline, restarted when
+        the previous conflict turned out to be another writer's progress."""
+        if isinstance(exc, PreconditionFailed):
+            self._lost_against = self._version
+            self.metrics.conflicts += 1
+        else:
+            self.metrics.storage_errors += 1
+            log.warning("storage error on %s, retrying: %s", self.store.url, exc)
+        self._invalidate()
+        if self._others_moved:
+            self._others_moved = False
+            return time.monotonic() + self.commit_deadline_seconds
+        return deadline
 
     def _try_commit(self, live: list[_Op], fresh: bool, latest: bool) -> bool:
         """One try; True when every op is settled, False to try again at once."""
@@ -357,7 +405,11 @@ class Engine:
                 log.info("commit %s landed although its write failed", uncertain.commit_id)
                 self._resolve(uncertain.results)
                 return True
-            self._discard_written(uncertain)
+            # It did not land. What it wrote ahead of the state is kept for the next try, which
+            # re-applies the same ops and usually writes the very same archive and bodies.
+            if self._spare is not None:
+                self._discard_written(self._spare)
+            self._spare = uncertain
         attempt = self._apply(state, live)
         if attempt is None:
             return False  # an op crashed: it was failed and dropped; start again
@@ -390,17 +442,21 @@ class Engine:
         stale = time.monotonic() - self._synced_at > self.max_staleness_seconds
         if self._state is not None and not force and not latest and not (fresh and stale):
             return self._state
-        if self._state is not None and not force and self.exclusive:
+        recheck = time.monotonic() - self._synced_at >= EXCLUSIVE_RECHECK_SECONDS
+        if self._state is not None and not force and self.exclusive and not recheck:
             return self._state
         blob = self.store.read(self.key)
         self.metrics.state_reads += 1
+        if self._lost_against is not None:
+            self._others_moved = blob is not None and blob.version != self._lost_against
+            self._lost_against = None
         if blob is None:
             state, version = QueueState(), None
         elif self._state is not None and blob.version == self._version and not force:
             state, version = self._state, self._version  # unchanged since we last saw it
         else:
             doc = decode_state(blob.data, f"state {self.store.url}/{self.key}")
-            if doc.epoch > self.epoch:
+            if self.epoch is not None and doc.epoch > self.epoch:
                 raise WriterFenced(
                     f"{self.store.url}/{self.key}: writer epoch {doc.epoch} took over from this "
                     f"writer's epoch {self.epoch}; this writer stops"
@@ -433,29 +489,33 @@ class Engine:
         doc = state.doc
         now = self.clock()
         doc.version += 1
-        doc.epoch = max(doc.epoch, self.epoch)
+        if self.epoch is not None:
+            doc.epoch = max(doc.epoch, self.epoch)
         doc.commit_id = attempt.commit_id
         doc.committed_at = now
         doc.recent_commits = [*doc.recent_commits, attempt.commit_id][-RECENT_COMMITS:]
         if state.new_bodies:
             # Bodies first: the state must never refer to an object that is not stored.
-            key = bodies_key(attempt.commit_id)
+            content = state.new_bodies_content()
+            key = self._spare_holding(content) or bodies_key(attempt.commit_id)
             entries = state.externalize(key)
-            if entries:
+            if entries and not self._reuse(key, attempt):
                 self.store.write(key, encode_bodies(entries), if_absent=True)
-                attempt.written.append(key)
+                self._wrote(attempt, key, content)
                 self.bodies.remember(key, entries)
                 self.metrics.bodies_writes += 1
         if self.archive and attempt.finished:
             # Archive first: a job leaves the state only once its record is stored.
-            key = archive_key(attempt.commit_id, now)
-            records = [
-                ArchiveRecord(f.outcome, attempt.commit_id, self._inline(f.job))
-                for f in attempt.finished
-            ]
-            self.store.write(key, encode_archive(records), if_absent=True)
-            attempt.written.append(key)
-            self.metrics.archive_writes += 1
+            content = [(f.outcome, f.job.id) for f in attempt.finished]
+            key = self._spare_holding(content) or archive_key(attempt.commit_id, now)
+            if not self._reuse(key, attempt):
+                records = [
+                    ArchiveRecord(f.outcome, attempt.commit_id, self._inline(f.job))
+                    for f in attempt.finished
+                ]
+                self.store.write(key, encode_archive(records), if_absent=True)
+                self._wrote(attempt, key, content)
+                self.metrics.archive_writes += 1
         data = state.encode()
         if self._version is None:
             version = self.store.write(self.key, data, if_absent=True)
@@ -470,6 +530,28 @@ class Engine:
         for key in unused:
             self.bodies.forget(key)
         self._janitor.delete(unused, "unused bodies object")
+
+    def _spare_holding(self, content: object) -> str | None:
+        """The key of an object the last failed try wrote with exactly ``content``."""
+        spare = self._spare
+        if spare is None:
+            return None
+        return next((key for key, held in spare.contents.items() if held == content), None)
+
+    def _reuse(self, key: str, attempt: _Attempt) -> bool:
+        """Hand ``key`` from the failed try to ``attempt``, if the failed try wrote it."""
+        spare = self._spare
+        if spare is None or key not in spare.contents:
+            return False
+        attempt.contents[key] = spare.contents.pop(key)
+        spare.written.remove(key)
+        attempt.written.append(key)
+        return True
+
+    @staticmethod
+    def _wrote(attempt: _Attempt, key: str, content: object) -> None:
+        attempt.written.append(key)
+        attempt.contents[key] = content
 
     def _inline(self, job: Job) -> Job:
         """``job`` with its body in place, for an archive record that stands on its own."""

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import msgspec
 
+from objq_broker.errors import BrokerTaken, ObjqError
 from objq_broker.model.checks import (
     Attempts,
     Identifier,
@@ -31,7 +32,14 @@ from objq_broker.model.checks import (
     Seconds,
     SignedSeconds,
 )
-from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
+from objq_broker.model.records import (
+    SESSION_TTL_SECONDS,
+    BrokerRecord,
+    Job,
+    JobState,
+    NackResult,
+    QueueConfig,
+)
 from objq_broker.model.state import NewJob, QueueState, QueueStats, StagedBodies
 
 T = TypeVar("T")
@@ -46,6 +54,12 @@ class Op(msgspec.Struct, Generic[T], frozen=True, tag=True):
     consumer: ClassVar[bool] = False
 
     def apply(self, state: QueueState, now: float) -> T:
+        raise NotImplementedError
+
+    def replay(self, state: QueueState, now: float) -> T:
+        """The result to give for this operation when it was already applied (a broker client
+        resending a request whose answer was lost), computed without changing anything.
+        Counts of what the first application removed are not kept: they replay as zero."""
         raise NotImplementedError
 
     @property
@@ -64,6 +78,9 @@ class Declare(Op[bool], frozen=True):
     def apply(self, state: QueueState, now: float) -> bool:
         return state.declare(self.queue, self.config)
 
+    def replay(self, state: QueueState, now: float) -> bool:
+        return False
+
 
 class Configure(Op[QueueConfig], frozen=True):
     queue: QueueName
@@ -72,6 +89,9 @@ class Configure(Op[QueueConfig], frozen=True):
     def apply(self, state: QueueState, now: float) -> QueueConfig:
         return state.configure(self.queue, self.changes)
 
+    def replay(self, state: QueueState, now: float) -> QueueConfig:
+        return state.config(self.queue)
+
 
 class Purge(Op[int], frozen=True):
     queue: QueueName
@@ -79,12 +99,18 @@ class Purge(Op[int], frozen=True):
     def apply(self, state: QueueState, now: float) -> int:
         return state.purge(self.queue)
 
+    def replay(self, state: QueueState, now: float) -> int:
+        return 0
+
 
 class DeleteQueue(Op[int], frozen=True):
     queue: QueueName
 
     def apply(self, state: QueueState, now: float) -> int:
         return state.delete_queue(self.queue)
+
+    def replay(self, state: QueueState, now: float) -> int:
+        return 0
 
 
 # --- producing -------------------------------------------------------------------------------
@@ -95,6 +121,9 @@ class Enqueue(Op[list[Job]], frozen=True):
 
     def apply(self, state: QueueState, now: float) -> list[Job]:
         return state.enqueue(self.items, now)
+
+    def replay(self, state: QueueState, now: float) -> list[Job]:
+        return state.enqueued(self.items, now)
 
     @property
     def size(self) -> int:
@@ -122,6 +151,9 @@ class EnqueueStaged(Op[int | None], frozen=True):
             max_attempts=self.max_attempts,
         )
 
+    def replay(self, state: QueueState, now: float) -> int | None:
+        return None  # as when the same write id is committed twice
+
 
 # --- consuming -------------------------------------------------------------------------------
 
@@ -147,6 +179,9 @@ class Claim(Op[list[Job]], frozen=True):
             )
         return found
 
+    def replay(self, state: QueueState, now: float) -> list[Job]:
+        return state.leased_to(self.tokens)
+
 
 class Heartbeat(Op[list[bool]], frozen=True):
     held: list[Held]
@@ -155,6 +190,9 @@ class Heartbeat(Op[list[bool]], frozen=True):
     def apply(self, state: QueueState, now: float) -> list[bool]:
         return state.heartbeat(self.held, now, self.lease_seconds)
 
+    def replay(self, state: QueueState, now: float) -> list[bool]:
+        return state.holds(self.held)
+
 
 class Ack(Op[Job], frozen=True):
     job_id: str
@@ -162,6 +200,10 @@ class Ack(Op[Job], frozen=True):
 
     def apply(self, state: QueueState, now: float) -> Job:
         return state.ack(self.job_id, self.token, now)
+
+    def replay(self, state: QueueState, now: float) -> Job:
+        # The job has left the state; its archive record has it whole.
+        return Job(self.job_id, "", "", 0, now, now, 1, finished_at=now)
 
 
 class Nack(Op[NackResult], frozen=True):
@@ -183,12 +225,19 @@ class Nack(Op[NackResult], frozen=True):
             delay_seconds=self.delay_seconds,
         )
 
+    def replay(self, state: QueueState, now: float) -> NackResult:
+        found = state.find(self.job_id, now)
+        return "dead" if found is not None and found[0] == "dead" else "retry"
+
 
 class Release(Op[list[bool]], frozen=True):
     held: list[Held]
 
     def apply(self, state: QueueState, now: float) -> list[bool]:
         return state.release(self.held, now)
+
+    def replay(self, state: QueueState, now: float) -> list[bool]:
+        return [True] * len(self.held)
 
 
 class Expire(Op[int], frozen=True):
@@ -197,11 +246,17 @@ class Expire(Op[int], frozen=True):
     def apply(self, state: QueueState, now: float) -> int:
         return state.expire(now)
 
+    def replay(self, state: QueueState, now: float) -> int:
+        return 0
+
 
 class Nothing(Op[None], frozen=True):
     """Changes nothing: its future resolves once everything submitted before it has."""
 
     def apply(self, state: QueueState, now: float) -> None:
+        return None
+
+    def replay(self, state: QueueState, now: float) -> None:
         return None
 
 
@@ -215,6 +270,9 @@ class RetryDead(Op[list[str]], frozen=True):
     def apply(self, state: QueueState, now: float) -> list[str]:
         return state.retry_dead(self.queue, self.ids, now)
 
+    def replay(self, state: QueueState, now: float) -> list[str]:
+        return []
+
 
 class PurgeDead(Op[int], frozen=True):
     queue: QueueName
@@ -223,12 +281,18 @@ class PurgeDead(Op[int], frozen=True):
     def apply(self, state: QueueState, now: float) -> int:
         return state.purge_dead(self.queue, self.ids)
 
+    def replay(self, state: QueueState, now: float) -> int:
+        return 0
+
 
 # --- reading (the state as stored now) -------------------------------------------------------
 
 
 class Read(Op[T], frozen=True):
     latest: ClassVar[bool] = True
+
+    def replay(self, state: QueueState, now: float) -> T:
+        return self.apply(state, now)  # reads change nothing: read again
 
 
 class QueueNames(Read[list[str]], frozen=True):
@@ -276,6 +340,59 @@ class DeadLetters(Read[list[Job]], frozen=True):
         return state.dead_letters(self.queue)
 
 
+class BrokerInfo(Read[BrokerRecord | None], frozen=True):
+    def apply(self, state: QueueState, now: float) -> BrokerRecord | None:
+        return state.doc.broker
+
+
+# --- the elected broker ----------------------------------------------------------------------
+
+
+class TakeBroker(Op[BrokerRecord], frozen=True):
+    """Make ``record`` the namespace's broker under the next epoch, if the broker is still the
+    one seen gone (``after``: its epoch, None for no broker): of two candidates that saw the
+    same broker die, only one wins."""
+
+    latest: ClassVar[bool] = True
+
+    record: BrokerRecord
+    after: int | None
+
+    def apply(self, state: QueueState, now: float) -> BrokerRecord:
+        doc = state.doc
+        current = doc.broker.epoch if doc.broker is not None else None
+        if current != self.after:
+            holder = doc.broker.address if doc.broker is not None else "none"
+            raise BrokerTaken(
+                f"the broker changed since it was found gone: now epoch {doc.epoch}, at {holder}"
+            )
+        doc.epoch += 1
+        doc.broker = msgspec.structs.replace(self.record, epoch=doc.epoch, since=now)
+        state.dirty = True
+        return doc.broker
+
+    def replay(self, state: QueueState, now: float) -> BrokerRecord:
+        return state.doc.broker or self.record
+
+
+class ResignBroker(Op[bool], frozen=True):
+    """Clear the broker record if ``epoch`` still holds it (a broker shutting down), so the
+    next process to look takes over at once instead of waiting for it to be found gone."""
+
+    epoch: int
+
+    def apply(self, state: QueueState, now: float) -> bool:
+        doc = state.doc
+        if doc.broker is None or doc.broker.epoch != self.epoch:
+            return False
+        doc.broker = None
+        state.dirty = True
+        return True
+
+    def replay(self, state: QueueState, now: float) -> bool:
+        return True
+
+
 #: Every operation, for decoding one sent by another process.
 ANY_OP: Any = (
     Declare
@@ -299,4 +416,57 @@ ANY_OP: Any = (
     | FindJob
     | ListJobs
     | DeadLetters
+    | BrokerInfo
 )
+
+#: What each operation of a session did: its result, or the error that refused it alone.
+Outcomes = list[tuple[bool, Any]]
+
+
+class Session(Op[Outcomes], frozen=True):
+    """Request ``seq`` of broker client ``client``: its operations, applied together.
+
+    A client numbers its requests and sends one at a time. The state remembers the last
+    request of each client that changed anything, so a request sent again (its broker died
+    before answering; the client found another) is answered with each operation's
+    :meth:`~Op.replay` instead of being applied twice."""
+
+    client: Identifier
+    seq: int
+    ops: list[ANY_OP]
+
+    @property
+    def fresh(self) -> bool:  # type: ignore[override]
+        return any(op.fresh for op in self.ops)
+
+    @property
+    def latest(self) -> bool:  # type: ignore[override]
+        return any(op.latest for op in self.ops)
+
+    @property
+    def consumer(self) -> bool:  # type: ignore[override]
+        return any(op.consumer for op in self.ops)
+
+    @property
+    def size(self) -> int:
+        return sum(op.size for op in self.ops)
+
+    def apply(self, state: QueueState, now: float) -> Outcomes:
+        if state.session_applied(self.client, self.seq):
+            return self.replay(state, now)
+        earlier, state.dirty = state.dirty, False
+        outcomes = [_outcome(op.apply, state, now) for op in self.ops]
+        if state.dirty:  # a request that changed nothing may simply run again
+            state.mark_session(self.client, self.seq, now, SESSION_TTL_SECONDS)
+        state.dirty = state.dirty or earlier
+        return outcomes
+
+    def replay(self, state: QueueState, now: float) -> Outcomes:
+        return [_outcome(op.replay, state, now) for op in self.ops]
+
+
+def _outcome(run: Any, state: QueueState, now: float) -> tuple[bool, Any]:
+    try:
+        return True, run(state, now)
+    except ObjqError as exc:  # transitions check before they change anything
+        return False, exc

@@ -25,6 +25,8 @@ from objq_broker.model.checks import Attempts, PositiveSeconds
 FORMAT_VERSION = 1
 #: How many commit ids the state remembers for resolving ambiguous writes.
 RECENT_COMMITS = 64
+#: How long the state remembers a broker client's last request (to apply a resent one once).
+SESSION_TTL_SECONDS = 3600.0
 
 #: Queue defaults, used when a queue is declared without overrides.
 DEFAULT_MAX_ATTEMPTS = 5
@@ -124,6 +126,26 @@ class KeyRecord(msgspec.Struct, array_like=True):
     expires_at: float
 
 
+class BrokerRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The process that commits for this namespace (the elected broker), as clients find it.
+
+    ``epoch`` is the state's epoch when it took over: a broker whose epoch is no longer the
+    state's has been replaced and writes nothing more. No token is ever kept here."""
+
+    id: str
+    address: str
+    epoch: int
+    since: float
+    tls: bool = False
+
+
+class SessionMark(msgspec.Struct, array_like=True):
+    """The last request of one broker client that changed the state, and when."""
+
+    seq: int
+    at: float
+
+
 class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The whole state of one namespace, as stored. ``format`` has no default, so it is
     always written, and a JSON object without it is not taken for an empty state."""
@@ -141,6 +163,11 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     keys: dict[str, KeyRecord] = msgspec.field(default_factory=dict)
     #: Bodies objects and how many jobs (live or dead) still refer to each.
     bodies: dict[str, int] = msgspec.field(default_factory=dict)
+    #: The elected broker, if one holds the namespace.
+    broker: BrokerRecord | None = None
+    #: Broker clients' last applied requests, by client id: a request sent again after its
+    #: broker died is recognised and not applied twice.
+    sessions: dict[str, SessionMark] = msgspec.field(default_factory=dict)
 
 
 class ArchiveRecord(msgspec.Struct, omit_defaults=True):

@@ -44,6 +44,7 @@ from objq_broker.model.records import (
     NackResult,
     Outcome,
     QueueConfig,
+    SessionMark,
     StateDoc,
     encode_state,
 )
@@ -703,6 +704,54 @@ class QueueState:
             rows += [("dead", job) for job in self.dead_letters(queue)]
         return rows if limit is None else rows[:limit]
 
+    # --- broker sessions: a resent request is answered, not applied again ----------------
+
+    def session_applied(self, client: str, seq: int) -> bool:
+        """Whether request ``seq`` of broker client ``client`` has already changed the state."""
+        mark = self.doc.sessions.get(client)
+        return mark is not None and seq <= mark.seq
+
+    def mark_session(self, client: str, seq: int, now: float, ttl: float) -> None:
+        """Remember that request ``seq`` of ``client`` changed the state; forget clients that
+        sent nothing that changed it for ``ttl`` seconds."""
+        sessions = self.doc.sessions
+        for old in [c for c, mark in sessions.items() if mark.at < now - ttl]:
+            del sessions[old]
+        sessions[client] = SessionMark(seq, now)
+        self.dirty = True
+
+    def enqueued(self, items: list[NewJob], now: float) -> list[Job]:
+        """What an enqueue of ``items`` that was already applied returned: each job as it is
+        now, or as it was asked for when it has already finished."""
+        found: list[Job] = []
+        for item in items:
+            job = self.jobs.get(item.id) or self.dead.get(item.id)
+            keyed = self._existing_for_key(item, now)
+            if job is not None:
+                found.append(snapshot(job))
+            elif keyed is not None:
+                found.append(keyed)
+            else:
+                found.append(_finished_job(item, now, self.doc.queues.get(item.queue)))
+        return found
+
+    def leased_to(self, tokens: list[str]) -> list[Job]:
+        """The jobs leased under ``tokens`` (what a claim made with them took)."""
+        wanted = set(tokens)
+        return [
+            snapshot(job)
+            for job in self.jobs.values()
+            if job.lease is not None and job.lease.token in wanted
+        ]
+
+    def holds(self, held: list[tuple[str, str]]) -> list[bool]:
+        """Which of ``(job id, token)`` still hold their jobs."""
+        alive: list[bool] = []
+        for job_id, token in held:
+            job = self.jobs.get(job_id)
+            alive.append(job is not None and job.lease is not None and job.lease.token == token)
+        return alive
+
     def next_wakeup(self) -> float | None:
         """The earliest ``visible_at`` among timed jobs (a lease to expire, a delay to end)."""
         times = [heap[0][0] for heap in self._timed.values() if heap]
@@ -721,6 +770,15 @@ class QueueState:
         else:
             self.doc.bodies.pop(key, None)
             self.unused_bodies.append(key)
+
+    def new_bodies_content(self) -> list[tuple[str, str]]:
+        """``(job id, body)`` of what :meth:`externalize` would move now (to recognise a
+        bodies object an earlier try of the same commit already wrote)."""
+        return [
+            (job.id, job.body)
+            for job in self.new_bodies
+            if job.ref is None and (job.id in self.jobs or job.id in self.dead)
+        ]
 
     def externalize(self, key: str) -> list[tuple[str, bool]]:
         """Move the large bodies enqueued since the last commit into bodies object ``key``;
@@ -764,6 +822,22 @@ class QueueState:
             return encode_state(doc)
         finally:
             doc.jobs, doc.dead = [], []  # to_doc() builds them when asked
+
+
+def _finished_job(item: NewJob, now: float, config: QueueConfig | None) -> Job:
+    """A job that was added and has already left the state, described by its request."""
+    return Job(
+        id=item.id,
+        queue=item.queue,
+        body=item.body,
+        b64=item.b64,
+        seq=0,
+        enqueued_at=now,
+        visible_at=now,
+        max_attempts=item.max_attempts or (config or QueueConfig()).max_attempts,
+        key=item.key,
+        finished_at=now,
+    )
 
 
 def _key_slot(queue: str, key: str) -> str:

@@ -1,0 +1,447 @@
+"""The elected broker: one process of a namespace commits for all, chosen among those running.
+
+:class:`ElectedCommitter` is the :class:`~objq_broker.engine.port.Committer` of a queue opened
+with ``broker="auto"``, ``"client"`` or an address (:mod:`objq_broker.broker.settings`). Its
+one sender thread takes whatever operations are pending, numbers them as one
+:class:`~objq_broker.model.ops.Session`, and commits it along one of three routes:
+
+* **Leader**: this process holds the broker record. The session goes to its own exclusive
+  engine, which also serves the other processes (:class:`~objq_broker.broker.server.BrokerServer`)
+  and reads the state only after a conflict.
+* **Follower**: another process holds it. The session goes there over gRPC; claimers wait on
+  the broker's commit notices, not on storage.
+* **Direct**: no broker can be had (``client`` mode with none reachable): the session is
+  committed by compare-and-set, as with no broker at all.
+
+When the broker cannot be reached, the same session is sent again, to it or to whoever holds the
+record next, or committed directly: the state remembers each client's last applied session,
+so it is applied once whatever happened to the answer. A process in ``auto`` mode that finds no
+broker, or one unreachable for ``takeover_seconds``, takes over with one compare-and-set that
+raises the epoch; the broker it replaced, if only paused, is fenced on its next write and steps
+down. A broker that closes clears the record, so the next process takes over at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, TypeVar
+
+from objq_broker.broker import wire
+from objq_broker.broker.client import BrokerLink
+from objq_broker.broker.server import BrokerServer, is_loopback
+from objq_broker.broker.settings import BrokerSettings
+from objq_broker.engine.bodies import BodyCache
+from objq_broker.engine.commit import DEFAULT_COMMIT_DEADLINE_SECONDS, Engine, EngineMetrics
+from objq_broker.errors import (
+    BrokerTaken,
+    BrokerUnreachable,
+    ConfigurationError,
+    ObjqError,
+    QueueClosed,
+    WriterFenced,
+)
+from objq_broker.model.ops import (
+    BrokerInfo,
+    Nothing,
+    Op,
+    Outcomes,
+    ResignBroker,
+    Session,
+    TakeBroker,
+)
+from objq_broker.model.records import BrokerRecord
+from objq_broker.storage.base import ObjectStore
+
+T = TypeVar("T")
+log = logging.getLogger("objq_broker.broker")
+
+#: Most operations one session carries.
+MAX_SESSION_OPS = 5000
+#: Pause between looks while the broker is unreachable (hello, then the record).
+RETRY_PAUSE_SECONDS = 0.25
+#: How long a read of the broker record is trusted while no broker can be reached.
+RECORD_RECHECK_SECONDS = 1.0
+
+Target = Engine | BrokerLink
+
+
+class ElectedCommitter:
+    """Commits through the namespace's elected broker (see the module's description).
+
+    ``settings``: the mode and ``broker_*`` options. ``engine_options``: for the engines this
+    process runs (as the broker, or directly).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        settings: BrokerSettings,
+        *,
+        commit_deadline_seconds: float = DEFAULT_COMMIT_DEADLINE_SECONDS,
+        engine_options: dict[str, Any] | None = None,
+    ) -> None:
+        _check_serving(settings)
+        self.store = store
+        self.settings = settings
+        self.commit_deadline_seconds = commit_deadline_seconds
+        self.bodies = BodyCache(store)
+        #: Sessions and operations this client sent (a leader's engine counts its writes).
+        self.metrics = EngineMetrics()
+        self.client_id = uuid.uuid4().hex
+        self._engine_options = dict(engine_options or {})
+        self._engine_options["commit_deadline_seconds"] = commit_deadline_seconds
+        self._pending: deque[tuple[Op[Any], Future[Any]]] = deque()
+        self._cv = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._listeners: list[Callable[[], None]] = []
+        self._seq = 0
+        self._leader: Engine | None = None
+        self._server: BrokerServer | None = None
+        self._direct: Engine | None = None
+        self._link: BrokerLink | None = None
+        self._record: BrokerRecord | None = None  # the broker _link (or _leader) stands for
+        self._record_read_at = float("-inf")
+        self._unreachable_since: float | None = None
+        self._last_error: Exception | None = None
+
+    def __repr__(self) -> str:
+        return f"ElectedCommitter({self.store.url!r}, {self.role})"
+
+    @property
+    def role(self) -> str:
+        """'leader', 'follower of <address>', 'direct' or 'unresolved'."""
+        if self._leader is not None:
+            return "leader"
+        if self._link is not None and self._unreachable_since is None:
+            return f"follower of {self._link.address}"
+        return "direct" if self._direct is not None else "unresolved"
+
+    @property
+    def record(self) -> BrokerRecord | None:
+        """The broker this process last used (its own record when it leads)."""
+        return self._record
+
+    @property
+    def leader_engine(self) -> Engine | None:
+        return self._leader
+
+    # --- the Committer interface -----------------------------------------------------------
+
+    def submit(self, op: Op[T]) -> Future[T]:
+        future: Future[T] = Future()
+        with self._cv:
+            if self._closing:
+                raise QueueClosed(f"the queue for {self.store.url} is closed")
+            self._pending.append((op, future))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"objq-elected {self.store.url}", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify()
+        return future
+
+    def flush(self, timeout: float | None = None) -> None:
+        with self._cv:
+            if self._thread is None:
+                return
+        self.submit(Nothing()).result(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Send what is pending, then stop. A leader clears its record first, so the next
+        process to need a broker takes over without waiting for it to be found gone."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        if self._leader is not None and self._leader.fenced is None:
+            with contextlib.suppress(ObjqError):
+                epoch = self._leader.epoch
+                if epoch is not None:
+                    self._leader.submit(ResignBroker(epoch)).result(timeout)
+        self._drop_leader(grace=1.0)
+        self._drop_link()
+        if self._direct is not None:
+            self._direct.close(timeout)
+        self.bodies.close()
+
+    def on_commit(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    def ensure_route(self) -> str:
+        """Resolve the route now (elect, follow or go direct) instead of at the first
+        operation; returns :attr:`role`."""
+        self._route(time.monotonic() + self.commit_deadline_seconds)
+        return self.role
+
+    # --- the sender thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending and not self._closing:
+                    self._cv.wait()
+                if not self._pending:
+                    return
+                count = min(len(self._pending), MAX_SESSION_OPS)
+                batch = [self._pending.popleft() for _ in range(count)]
+            live = [(op, future) for op, future in batch if future.set_running_or_notify_cancel()]
+            if not live:
+                continue
+            self._seq += 1
+            session = Session(self.client_id, self._seq, [op for op, _ in live])
+            try:
+                outcomes = self._commit(session)
+            except Exception as exc:  # every op learns why; nothing hangs
+                outcomes = [(False, exc)] * len(live)
+            self.metrics.batches += 1
+            self.metrics.ops += len(live)
+            for (_, future), (ok, value) in zip(live, outcomes, strict=True):
+                with contextlib.suppress(InvalidStateError):
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+            self._notify()
+
+    def _commit(self, session: Session) -> Outcomes:
+        """Commit ``session`` by whichever route works, sending it again after a broker was
+        lost (the state's session marks make that safe)."""
+        deadline = time.monotonic() + self.commit_deadline_seconds
+        while True:
+            target = self._route(deadline)
+            try:
+                if isinstance(target, BrokerLink):
+                    return self._send(target, session)
+                return target.submit(session).result()
+            except WriterFenced as exc:  # that broker (maybe this process) was replaced
+                log.info("broker replaced: %s", exc)
+                self._lost(exc, fenced=True)
+            except BrokerUnreachable as exc:
+                self._lost(exc)
+
+    def _send(self, link: BrokerLink, session: Session) -> Outcomes:
+        started = time.monotonic()
+        timeout = max(self.settings.takeover_seconds, 1.0)
+        try:
+            return link.apply(session, timeout)
+        except BrokerUnreachable:
+            try:
+                link.hello()  # slow, not gone: send the same session again
+            except BrokerUnreachable:
+                self._unreachable_since = self._unreachable_since or started
+                raise
+            raise
+
+    # --- finding the route -----------------------------------------------------------------
+
+    def _route(self, deadline: float) -> Target:
+        """The engine or link the next session goes to, electing or waiting as needed."""
+        while True:
+            if self._closing and self._unreachable_since is not None:
+                raise BrokerUnreachable(f"closing with no broker reachable: {self._last_error}")
+            if self._leader is not None:
+                if self._leader.fenced is None:
+                    return self._leader
+                self._drop_leader(grace=0.5)
+            if self._link is not None and self._unreachable_since is None:
+                return self._link
+            if time.monotonic() >= deadline:
+                raise BrokerUnreachable(
+                    f"{self.store.url}: no broker reachable within "
+                    f"{self.commit_deadline_seconds:g} s; last error: {self._last_error}"
+                )
+            target = self._resolve()
+            if target is not None:
+                return target
+            time.sleep(RETRY_PAUSE_SECONDS)
+
+    def _resolve(self) -> Target | None:
+        """One look for a route; None to look again after a pause."""
+        if self.settings.mode == "fixed":
+            return self._fixed_link()
+        record = self._read_record()
+        if record != self._record or (record is not None and self._link is None):
+            self._follow(record)
+            if self._link is not None and self._reachable(self._link, record):
+                return self._link
+        elif (
+            self._link is not None
+            and not self._waited_out()
+            and self._reachable(self._link, record)
+        ):
+            return self._link
+        if record is not None and not self._waited_out():
+            return None
+        if self.settings.mode == "auto":
+            return self._take_over(record)
+        return self._direct_engine()
+
+    def _fixed_link(self) -> Target | None:
+        address = self.settings.address or ""
+        if self._link is None:
+            self._link = self._open_link(address)
+        if self._unreachable_since is None:
+            return self._link
+        self._unreachable_since = None  # try it again after the pause
+        return None
+
+    def _follow(self, record: BrokerRecord | None) -> None:
+        """Point at ``record``'s broker (or at none)."""
+        self._drop_link()
+        self._record = record
+        self._unreachable_since = None
+        if record is not None:
+            self._link = self._open_link(record.address, tls=record.tls)
+            threading.Thread(
+                target=self._watch, args=(self._link,), name="objq-broker-watch", daemon=True
+            ).start()
+
+    def _reachable(self, link: BrokerLink, record: BrokerRecord | None) -> bool:
+        """Whether ``link`` answers as ``record``'s broker (another process on a reused port,
+        or a broker of another namespace, does not count)."""
+        try:
+            hello = link.hello()
+        except BrokerUnreachable as exc:
+            self._lost(exc)
+            return False
+        if record is not None and hello.broker != record.id:
+            self._lost(
+                BrokerUnreachable(
+                    f"{link.address} answers as broker {hello.broker!r} of "
+                    f"{hello.namespace!r}, not {record.id!r} of {self.store.url!r}"
+                )
+            )
+            return False
+        self._unreachable_since = None
+        return True
+
+    def _lost(self, exc: Exception, *, fenced: bool = False) -> None:
+        self._last_error = exc
+        if fenced:
+            self._record = None  # read the record again at once
+            self._record_read_at = float("-inf")
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+
+    def _waited_out(self) -> bool:
+        since = self._unreachable_since
+        return since is not None and time.monotonic() - since >= self.settings.takeover_seconds
+
+    def _read_record(self) -> BrokerRecord | None:
+        fresh = time.monotonic() - self._record_read_at >= RECORD_RECHECK_SECONDS
+        if not fresh and (self._unreachable_since is not None or self._link is None):
+            return self._record  # no broker to be had a moment ago: not worth a read per batch
+        record = self._direct_engine().submit(BrokerInfo()).result()
+        self._record_read_at = time.monotonic()
+        return record
+
+    def _direct_engine(self) -> Engine:
+        if self._direct is None:
+            self._direct = Engine(self.store, bodies=self.bodies, **self._engine_options)
+            self._direct.on_commit(self._notify)
+        return self._direct
+
+    def _take_over(self, seen: BrokerRecord | None) -> Target | None:
+        """Become the broker, if the record still says ``seen``; None when another won."""
+        engine = Engine(self.store, exclusive=True, bodies=self.bodies, **self._engine_options)
+        settings = self.settings
+        server = BrokerServer(
+            engine, listen=settings.listen, token=settings.token, tls=settings.tls
+        )
+        server.start()
+        record = BrokerRecord(
+            id=uuid.uuid4().hex,
+            address=settings.advertise or server.address,
+            epoch=0,
+            since=0.0,
+            tls=settings.tls is not None,
+        )
+        try:
+            won = engine.submit(TakeBroker(record, None if seen is None else seen.epoch)).result()
+        except (BrokerTaken, WriterFenced) as exc:
+            log.info("another process became the broker first: %s", exc)
+            server.stop(grace=0)
+            self._record_read_at = float("-inf")
+            return None
+        except BaseException:
+            server.stop(grace=0)
+            raise
+        engine.epoch = won.epoch
+        server.hello = wire.Hello(won.id, self.store.url, won.epoch)
+        engine.on_commit(self._notify)
+        self._drop_link()
+        self._leader, self._server, self._record = engine, server, won
+        self._unreachable_since = None
+        log.info("broker of %s at %s (epoch %d)", self.store.url, won.address, won.epoch)
+        return engine
+
+    def _open_link(self, address: str, *, tls: bool = False) -> BrokerLink:
+        ca: str | bool | None = self.settings.tls_ca
+        if ca == "system" or (tls and not ca):
+            ca = True
+        return BrokerLink(address, token=self.settings.token, tls_ca=ca if (tls or ca) else None)
+
+    def _drop_link(self) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
+
+    def _drop_leader(self, grace: float) -> None:
+        """Stop serving: requests in progress are answered (fenced ones with the error that
+        sends their clients elsewhere), then the engine closes."""
+        server, self._server = self._server, None
+        leader, self._leader = self._leader, None
+        if server is not None:
+            server.stop(grace)
+        elif leader is not None:
+            leader.close()
+        if leader is not None:
+            self._record = None
+            self._record_read_at = float("-inf")
+
+    def _watch(self, link: BrokerLink) -> None:
+        """Relay the broker's commit notices to this process's claimers while ``link`` is the
+        current one; a broken stream is opened again after a pause."""
+        while link is self._link and not self._closing:
+            try:
+                link.watch(self._notify)
+            except ObjqError as exc:
+                log.debug("watch on %s ended: %s", link.address, exc)
+            time.sleep(RETRY_PAUSE_SECONDS)
+
+    def _notify(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+
+def _check_serving(settings: BrokerSettings) -> None:
+    """Refuse, before anything starts, settings under which this process could not serve."""
+    if settings.mode != "auto":
+        return
+    if not settings.token and not is_loopback(settings.listen):
+        raise ConfigurationError(
+            f"broker_listen {settings.listen!r} is beyond loopback: a shared token is needed "
+            "(broker_token= or $OBJQ_BROKER_TOKEN), since anyone who can read the bucket can "
+            "read the broker's address"
+        )
+    host = settings.listen.rsplit(":", 1)[0].strip("[]")
+    if host in ("0.0.0.0", "::", "") and not settings.advertise:
+        raise ConfigurationError(
+            f"broker_listen {settings.listen!r} listens on every interface: set "
+            "broker_advertise (or $OBJQ_BROKER_ADVERTISE) to the host:port other hosts reach"
+        )

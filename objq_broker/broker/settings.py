@@ -1,0 +1,110 @@
+"""How a queue finds its broker: the ``broker=`` mode and the ``broker_*`` options.
+
+Modes:
+
+* ``off``: no broker; this process commits directly by compare-and-set (the default).
+* ``auto``: the processes sharing a namespace elect one of themselves to commit for all. The
+  first to find no reachable broker takes over (serving on ``broker_listen``); the others
+  forward their operations to it.
+* ``client``: forward to the elected broker, but never serve; with no reachable broker,
+  commit directly.
+* ``host:port``: always forward to the broker at this address (a dedicated ``objq broker``).
+
+Every option can also come from the environment (``OBJQ_BROKER``, ``OBJQ_BROKER_LISTEN``, ...),
+so workers started by Dramatiq or Celery switch modes without code changes. This module does
+not import grpcio; the broker's own modules do.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from objq_broker.errors import ConfigurationError
+
+Mode = Literal["off", "auto", "client", "fixed"]
+#: Seconds a broker may stay unreachable before a process of an ``auto`` namespace takes over.
+DEFAULT_TAKEOVER_SECONDS = 5.0
+#: Where an elected broker listens unless told: this host only, a port the system picks.
+DEFAULT_LISTEN = "127.0.0.1:0"
+
+_ENV = {
+    "broker_listen": "OBJQ_BROKER_LISTEN",
+    "broker_advertise": "OBJQ_BROKER_ADVERTISE",
+    "broker_token": "OBJQ_BROKER_TOKEN",
+    "broker_takeover_seconds": "OBJQ_BROKER_TAKEOVER_SECONDS",
+    "broker_tls_cert": "OBJQ_BROKER_TLS_CERT",
+    "broker_tls_key": "OBJQ_BROKER_TLS_KEY",
+    "broker_tls_ca": "OBJQ_BROKER_TLS_CA",
+}
+#: The options this module takes out of ``Queue(**options)``.
+BROKER_OPTIONS = frozenset(_ENV)
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    mode: Mode = "off"
+    #: The broker to use in ``fixed`` mode.
+    address: str | None = None
+    listen: str = DEFAULT_LISTEN
+    #: The address written in the state for others to reach (default: the bound address).
+    advertise: str | None = None
+    token: str | None = None
+    takeover_seconds: float = DEFAULT_TAKEOVER_SECONDS
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    #: A CA file to trust for the broker's certificate; "system" for the system's roots.
+    tls_ca: str | None = None
+
+    @property
+    def tls(self) -> tuple[str, str] | None:
+        return (self.tls_cert, self.tls_key) if self.tls_cert and self.tls_key else None
+
+
+def broker_settings(broker: str | None, options: dict[str, Any]) -> BrokerSettings:
+    """The settings of ``Queue(broker=..., broker_*=...)``; removes the ``broker_*`` keys from
+    ``options``. Raises :class:`ConfigurationError` naming what was expected."""
+    given = {key: options.pop(key) for key in list(options) if key in BROKER_OPTIONS}
+    values: dict[str, Any] = {}
+    for key, env in _ENV.items():
+        value = given.get(key, os.environ.get(env) or None)
+        if value is not None:
+            values[key.removeprefix("broker_")] = value
+    spec = broker if broker is not None else (os.environ.get("OBJQ_BROKER") or "off")
+    if spec in ("off", "auto", "client"):
+        mode: Mode = spec  # type: ignore[assignment]
+        address = None
+    elif _is_address(spec):
+        mode, address = "fixed", spec
+    else:
+        raise ConfigurationError(
+            f"broker: expected 'off', 'auto', 'client' or a host:port address, found {spec!r}"
+        )
+    if "takeover_seconds" in values:
+        values["takeover_seconds"] = _seconds(values["takeover_seconds"])
+    if bool(values.get("tls_cert")) != bool(values.get("tls_key")):
+        raise ConfigurationError(
+            "broker: TLS needs both broker_tls_cert and broker_tls_key; found only one"
+        )
+    for key in ("listen", "advertise"):
+        if key in values and not _is_address(str(values[key])):
+            raise ConfigurationError(f"broker_{key}: expected host:port, found {values[key]!r}")
+    return BrokerSettings(mode=mode, address=address, **values)
+
+
+def _seconds(raw: object) -> float:
+    try:
+        value = float(raw) if not isinstance(raw, bool) else -1.0  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ConfigurationError(
+            f"broker_takeover_seconds: expected a positive number of seconds, found {raw!r}"
+        )
+    return value
+
+
+def _is_address(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit()
