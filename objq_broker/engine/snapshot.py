@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.commit import STATE_KEY
-from objq_broker.model.records import Job, JobState, QueueConfig, decode_state
+from objq_broker.model.records import BrokerRecord, Job, JobState, QueueConfig, decode_state
 from objq_broker.model.state import QueueState, QueueStats
 from objq_broker.storage import ObjectStore
 
@@ -56,6 +56,16 @@ class Snapshot:
     @property
     def committed_at(self) -> float | None:
         return self._state.doc.committed_at or None
+
+    @property
+    def broker(self) -> BrokerRecord | None:
+        """The elected broker holding the namespace, if any."""
+        return self._state.doc.broker
+
+    @property
+    def epoch(self) -> int:
+        """How many times a broker took over the namespace."""
+        return self._state.doc.epoch
 
     @property
     def referenced_bodies(self) -> set[str]:
