@@ -182,10 +182,10 @@ class ElectedCommitter:
     def closed(self) -> bool:
         return self._closing
 
-    def ensure_route(self) -> str:
-        """Resolve the route now (elect, follow or go direct) instead of at the first
-        operation; returns :attr:`role`."""
-        self._route(time.monotonic() + self.commit_deadline_seconds)
+    def check(self, timeout: float | None = None) -> str:
+        """Send an empty session and wait for it: an idle standby finds a lost broker (and
+        takes over) this way. Returns :attr:`role`."""
+        self.submit(Nothing()).result(timeout)
         return self.role
 
     # --- the sender thread -----------------------------------------------------------------

@@ -29,8 +29,6 @@ def cmd_broker(ctx: Context) -> int:
         raise ConfigurationError(
             f"objq broker needs grpcio ({exc}): pip install 'objq-broker[broker]'"
         ) from exc
-    from objq_broker.model.ops import Nothing
-
     logging.basicConfig(format="objq broker: %(message)s", level=logging.INFO)
     ctx.snapshot(create=True)  # a missing bucket or a corrupt state fails here, in one line
     options = {"broker_listen": ctx.args.listen, "broker_advertise": ctx.args.advertise}
@@ -45,7 +43,7 @@ def cmd_broker(ctx: Context) -> int:
     try:
         while not stop.is_set():
             try:
-                committer.submit(Nothing()).result()  # a standby finds a lost broker here
+                committer.check()  # a standby finds a lost broker here
             except ObjqError as exc:
                 logging.getLogger("objq_broker.broker").warning("%s", exc)
             if committer.role != role:

@@ -54,7 +54,25 @@ def status_dict(snap: Snapshot) -> dict[str, Any]:
         "size_bytes": snap.size_bytes,
         "committed_at": snap.committed_at,
         "read_at": snap.read_at,
+        "broker": _broker_dict(snap),
         "queues": queues,
+    }
+
+
+#: ``objq status`` counts the broker clients that committed something this recently.
+ACTIVE_CLIENT_SECONDS = 600.0
+
+
+def _broker_dict(snap: Snapshot) -> dict[str, Any] | None:
+    record = snap.broker
+    if record is None:
+        return None
+    return {
+        "address": record.address,
+        "epoch": record.epoch,
+        "since": record.since,
+        "tls": record.tls,
+        "active_clients": snap.broker_clients(ACTIVE_CLIENT_SECONDS),
     }
 
 
@@ -78,6 +96,13 @@ def status_text(status: dict[str, Any]) -> str:
         ]
         for q in status["queues"]
     ]
+    broker = status.get("broker")
+    if broker is not None:
+        head += (
+            f"\nbroker {broker['address']} (epoch {broker['epoch']}, since "
+            f"{when(broker['since'])}), {broker['active_clients']} clients committed in the "
+            f"last {age(ACTIVE_CLIENT_SECONDS)}"
+        )
     if not rows:
         return head + "\nno queues declared"
     headers = ["QUEUE", "READY", "DELAYED", "IN FLIGHT", "DEAD", "OLDEST READY"]

@@ -62,6 +62,11 @@ class Snapshot:
         """The elected broker holding the namespace, if any."""
         return self._state.doc.broker
 
+    def broker_clients(self, within_seconds: float) -> int:
+        """How many broker clients changed the state within the last ``within_seconds``."""
+        cutoff = self.read_at - within_seconds
+        return sum(1 for mark in self._state.doc.sessions.values() if mark.at >= cutoff)
+
     @property
     def epoch(self) -> int:
         """How many times a broker took over the namespace."""
