@@ -253,7 +253,7 @@ class ElectedCommitter:
         """The engine or link the next session goes to, electing or waiting as needed."""
         while True:
             if self._closing and self._unreachable_since is not None:
-                raise BrokerUnreachable(f"closing with no broker reachable: {self._last_error}")
+                return self._direct_engine()  # what is left on the way out: commit it here
             if self._leader is not None:
                 if self._leader.fenced is None:
                     return self._leader
