@@ -173,7 +173,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--modes", nargs="+", choices=["direct", "broker", "elected"], default=["direct"])
+    parser.add_argument(
+        "--modes", nargs="+", choices=["direct", "broker", "elected"], default=["direct"]
+    )
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent
     print(
