@@ -40,7 +40,7 @@ log = logging.getLogger("objq_broker.queue")
 #: look is a storage read in direct mode), and starts again from here when one finds a job. A
 #: commit of this process (a local enqueue) wakes claimers at once whatever the wait.
 DEFAULT_POLL_SECONDS = 0.5
-DEFAULT_MAX_POLL_SECONDS = 4.0
+DEFAULT_MAX_POLL_SECONDS = 1.0
 
 __all__ = [
     "DEFAULT_MAX_POLL_SECONDS",
