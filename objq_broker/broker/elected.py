@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from objq_broker.broker import wire
 from objq_broker.broker.client import BrokerLink
-from objq_broker.broker.server import BrokerServer, is_loopback
+from objq_broker.broker.server import BrokerServer, require_token
 from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.commit import DEFAULT_COMMIT_DEADLINE_SECONDS, Engine, EngineMetrics
@@ -111,18 +111,21 @@ class ElectedCommitter:
         self._record_read_at = float("-inf")
         self._unreachable_since: float | None = None
         self._last_error: Exception | None = None
+        self._used: Target | None = None  # the route the last session took
 
     def __repr__(self) -> str:
         return f"ElectedCommitter({self.store.url!r}, {self.role})"
 
     @property
     def role(self) -> str:
-        """'leader', 'follower of <address>', 'direct' or 'unresolved'."""
-        if self._leader is not None:
-            return "leader"
-        if self._link is not None and self._unreachable_since is None:
-            return f"follower of {self._link.address}"
-        return "direct" if self._direct is not None else "unresolved"
+        """Where the last session went: 'leader' (this process's own engine), 'follower of
+        <address>', 'direct', or 'unresolved' before the first."""
+        used = self._used
+        if used is None:
+            return "unresolved"
+        if isinstance(used, BrokerLink):
+            return f"follower of {used.address}"
+        return "leader" if used is self._leader else "direct"
 
     @property
     def record(self) -> BrokerRecord | None:
@@ -223,29 +226,20 @@ class ElectedCommitter:
         lost (the state's session marks make that safe)."""
         deadline = time.monotonic() + self.commit_deadline_seconds
         while True:
-            target = self._route(deadline)
+            target = self._used = self._route(deadline)
+            started = time.monotonic()
             try:
                 if isinstance(target, BrokerLink):
-                    return self._send(target, session)
+                    # Past the takeover time, the next route asks the broker who it is: a
+                    # slow broker answers and gets the same session again; a paused one is
+                    # replaced, counting from when this request was sent.
+                    return target.apply(session, max(self.settings.takeover_seconds, 1.0))
                 return target.submit(session).result()
             except WriterFenced as exc:  # that broker (maybe this process) was replaced
                 log.info("broker replaced: %s", exc)
-                self._lost(exc, fenced=True)
+                self._lost(exc, since=started, fenced=True)
             except BrokerUnreachable as exc:
-                self._lost(exc)
-
-    def _send(self, link: BrokerLink, session: Session) -> Outcomes:
-        started = time.monotonic()
-        timeout = max(self.settings.takeover_seconds, 1.0)
-        try:
-            return link.apply(session, timeout)
-        except BrokerUnreachable:
-            try:
-                link.hello()  # slow, not gone: send the same session again
-            except BrokerUnreachable:
-                self._unreachable_since = self._unreachable_since or started
-                raise
-            raise
+                self._lost(exc, since=started)
 
     # --- finding the route -----------------------------------------------------------------
 
@@ -279,12 +273,8 @@ class ElectedCommitter:
             self._follow(record)
             if self._link is not None and self._reachable(self._link, record):
                 return self._link
-        elif (
-            self._link is not None
-            and not self._waited_out()
-            and self._reachable(self._link, record)
-        ):
-            return self._link
+        elif self._link is not None and self._reachable(self._link, record):
+            return self._link  # slow, not gone: it gets the same session again
         if record is not None and not self._waited_out():
             return None
         if self.settings.mode == "auto":
@@ -330,13 +320,14 @@ class ElectedCommitter:
         self._unreachable_since = None
         return True
 
-    def _lost(self, exc: Exception, *, fenced: bool = False) -> None:
+    def _lost(self, exc: Exception, *, since: float | None = None, fenced: bool = False) -> None:
+        """The current broker failed us (``since``: when the failed call began)."""
         self._last_error = exc
         if fenced:
             self._record = None  # read the record again at once
             self._record_read_at = float("-inf")
         if self._unreachable_since is None:
-            self._unreachable_since = time.monotonic()
+            self._unreachable_since = time.monotonic() if since is None else since
 
     def _waited_out(self) -> bool:
         since = self._unreachable_since
@@ -433,12 +424,7 @@ def _check_serving(settings: BrokerSettings) -> None:
     """Refuse, before anything starts, settings under which this process could not serve."""
     if settings.mode != "auto":
         return
-    if not settings.token and not is_loopback(settings.listen):
-        raise ConfigurationError(
-            f"broker_listen {settings.listen!r} is beyond loopback: a shared token is needed "
-            "(broker_token= or $OBJQ_BROKER_TOKEN), since anyone who can read the bucket can "
-            "read the broker's address"
-        )
+    require_token(settings.listen, settings.token)
     host = settings.listen.rsplit(":", 1)[0].strip("[]")
     if host in ("0.0.0.0", "::", "") and not settings.advertise:
         raise ConfigurationError(

@@ -66,6 +66,16 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+def require_token(listen: str, token: str | None) -> None:
+    """Refuse to serve beyond loopback without a shared token."""
+    if not token and not is_loopback(listen):
+        raise ConfigurationError(
+            f"broker_listen {listen!r} is beyond loopback: a shared token is needed "
+            "(broker_token= or $OBJQ_BROKER_TOKEN), since anyone who can read the bucket can "
+            "read the broker's address"
+        )
+
+
 class BrokerServer:
     """Serves ``committer`` (the broker's own engine) to clients on ``listen``.
 
@@ -89,12 +99,7 @@ class BrokerServer:
         tls: tuple[str, str] | None = None,
         worker_threads: int = DEFAULT_WORKER_THREADS,
     ) -> None:
-        if not token and not is_loopback(listen):
-            raise ConfigurationError(
-                f"objq broker: listening on {listen!r} beyond loopback needs a shared token "
-                "(broker_token= or $OBJQ_BROKER_TOKEN): anyone who can read the bucket can "
-                "read the broker's address"
-            )
+        require_token(listen, token)
         self.committer = committer
         self.listen = listen
         self.hello = hello or wire.Hello("", "", None)

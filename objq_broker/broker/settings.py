@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from objq_broker.errors import ConfigurationError
+from objq_broker.model.settings import positive_seconds
 
 Mode = Literal["off", "auto", "client", "fixed"]
 #: Seconds a broker may stay unreachable before a process of an ``auto`` namespace takes over.
@@ -82,7 +83,9 @@ def broker_settings(broker: str | None, options: dict[str, Any]) -> BrokerSettin
             f"broker: expected 'off', 'auto', 'client' or a host:port address, found {spec!r}"
         )
     if "takeover_seconds" in values:
-        values["takeover_seconds"] = _seconds(values["takeover_seconds"])
+        values["takeover_seconds"] = positive_seconds(
+            values["takeover_seconds"], "broker_takeover_seconds", where="broker"
+        )
     if bool(values.get("tls_cert")) != bool(values.get("tls_key")):
         raise ConfigurationError(
             "broker: TLS needs both broker_tls_cert and broker_tls_key; found only one"
@@ -91,18 +94,6 @@ def broker_settings(broker: str | None, options: dict[str, Any]) -> BrokerSettin
         if key in values and not _is_address(str(values[key])):
             raise ConfigurationError(f"broker_{key}: expected host:port, found {values[key]!r}")
     return BrokerSettings(mode=mode, address=address, **values)
-
-
-def _seconds(raw: object) -> float:
-    try:
-        value = float(raw) if not isinstance(raw, bool) else -1.0  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise ConfigurationError(
-            f"broker_takeover_seconds: expected a positive number of seconds, found {raw!r}"
-        )
-    return value
 
 
 def _is_address(text: str) -> bool:

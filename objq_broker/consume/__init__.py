@@ -7,8 +7,9 @@ window, payload filling, and the parsing of its settings.
 * :mod:`~objq_broker.consume.window`: :class:`ClaimWindow`, the claims made ahead of a
   consumer (payloads loaded off its thread), their doubling under a backlog and their give-back
   after :data:`HOARD_SECONDS` without room.
-* :mod:`~objq_broker.consume.settings`: positive seconds and counts from the environment or an
-  option bag, refused with a :class:`~objq_broker.errors.ConfigurationError` that says which.
+* the parsing of positive seconds and counts from the environment or an option bag, refused
+  with a :class:`~objq_broker.errors.ConfigurationError` that says which (it lives in
+  :mod:`objq_broker.model.settings`, since the broker's options use it too).
 
 The integrations (:mod:`objq_broker.dramatiq`, :mod:`objq_broker.kombu`, ``objq worker``)
 translate between their framework and these; nothing here knows a framework.
@@ -17,14 +18,14 @@ translate between their framework and these; nothing here knows a framework.
 from __future__ import annotations
 
 from objq_broker.consume.leases import LeaseHolder, LeaseKeeper, interval_for
-from objq_broker.consume.settings import (
+from objq_broker.consume.window import HOARD_SECONDS, ClaimWindow
+from objq_broker.model.settings import (
     option_count,
     option_seconds,
     positive_count,
     positive_seconds,
     seconds_from_env,
 )
-from objq_broker.consume.window import HOARD_SECONDS, ClaimWindow
 
 __all__ = [
     "HOARD_SECONDS",

@@ -350,18 +350,9 @@ class QueueState:
         if live is not None:
             return snapshot(live)
         # The first job already finished: report it by id, as it was asked for.
-        return Job(
-            id=record.job_id,
-            queue=item.queue,
-            body=item.body,
-            b64=item.b64,
-            seq=0,
-            enqueued_at=record.expires_at - self.doc.queues[item.queue].idempotency_seconds,
-            visible_at=now,
-            max_attempts=item.max_attempts or self.doc.queues[item.queue].max_attempts,
-            key=item.key,
-            finished_at=now,
-        )
+        config = self.doc.queues[item.queue]
+        enqueued_at = record.expires_at - config.idempotency_seconds
+        return _finished_job(item, now, config, job_id=record.job_id, enqueued_at=enqueued_at)
 
     def enqueue_staged(
         self,
@@ -732,7 +723,8 @@ class QueueState:
             elif keyed is not None:
                 found.append(keyed)
             else:
-                found.append(_finished_job(item, now, self.doc.queues.get(item.queue)))
+                config = self.doc.queues.get(item.queue) or QueueConfig()
+                found.append(_finished_job(item, now, config))
         return found
 
     def leased_to(self, tokens: list[str]) -> list[Job]:
@@ -824,17 +816,25 @@ class QueueState:
             doc.jobs, doc.dead = [], []  # to_doc() builds them when asked
 
 
-def _finished_job(item: NewJob, now: float, config: QueueConfig | None) -> Job:
-    """A job that was added and has already left the state, described by its request."""
+def _finished_job(
+    item: NewJob,
+    now: float,
+    config: QueueConfig,
+    *,
+    job_id: str | None = None,
+    enqueued_at: float | None = None,
+) -> Job:
+    """A job that was added and has already left the state, described by the request that
+    added it (``job_id``: the job that request stood for, when it was another's key)."""
     return Job(
-        id=item.id,
+        id=job_id or item.id,
         queue=item.queue,
         body=item.body,
         b64=item.b64,
         seq=0,
-        enqueued_at=now,
+        enqueued_at=now if enqueued_at is None else enqueued_at,
         visible_at=now,
-        max_attempts=item.max_attempts or (config or QueueConfig()).max_attempts,
+        max_attempts=item.max_attempts or config.max_attempts,
         key=item.key,
         finished_at=now,
     )

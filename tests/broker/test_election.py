@@ -63,16 +63,43 @@ def holder(folder: Path, processes: list[subprocess.Popen[bytes]], url: str) -> 
     return None
 
 
-def test_a_killed_broker_is_replaced_and_nothing_acknowledged_is_lost(
-    children: Children, tmp_path: Path
-) -> None:
+def elect(
+    children: Children, tmp_path: Path, roles: tuple[str, ...]
+) -> tuple[str, Path, list[subprocess.Popen[bytes]], int, BrokerRecord]:
+    """Start one actor per role on a fresh store and wait for them to elect a broker; returns
+    the store's URL, the actors' folder, the processes, the holder's pid and its record."""
     url = (tmp_path / "store").as_uri()
     folder = tmp_path / "actors"
     folder.mkdir()
-    processes = [start(children, role, url, folder) for role in ("producer", "worker", "standby")]
+    processes = [start(children, role, url, folder) for role in roles]
     leader = wait_for(lambda: holder(folder, processes, url), 30, "a broker to be elected")
     first = record(url)
     assert first is not None
+    return url, folder, processes, leader, first
+
+
+def stop_producers_and_drain(
+    children: Children, folder: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    """Stop the producers, then wait until every enqueue they reported is done."""
+    for process in processes:
+        if next(folder.glob(f"{process.pid}.*")).suffix == ".producer":
+            children.stop(process)
+    enqueued = set(lines(folder, "enqueued"))
+    wait_for(
+        lambda: enqueued <= set(lines(folder, "done")),
+        60,
+        "every acknowledged enqueue to be done",
+        progress=lambda: f"{len(enqueued - set(lines(folder, 'done')))} left",
+    )
+
+
+def test_a_killed_broker_is_replaced_and_nothing_acknowledged_is_lost(
+    children: Children, tmp_path: Path
+) -> None:
+    url, folder, processes, leader, first = elect(
+        children, tmp_path, ("producer", "worker", "standby")
+    )
     wait_for(lambda: len(lines(folder, "done")) >= 20, 30, "jobs to be done through the broker")
 
     victim = next(p for p in processes if p.pid == leader)
@@ -91,16 +118,7 @@ def test_a_killed_broker_is_replaced_and_nothing_acknowledged_is_lost(
 
     before = len(lines(folder, "enqueued"))
     wait_for(lambda: len(lines(folder, "enqueued")) > before + 20, 30, "producing to go on")
-    for process in processes:
-        if next(folder.glob(f"{process.pid}.*")).suffix == ".producer":
-            children.stop(process)
-    enqueued = set(lines(folder, "enqueued"))
-    wait_for(
-        lambda: enqueued <= set(lines(folder, "done")),
-        60,
-        "every acknowledged enqueue to be done",
-        progress=lambda: f"{len(enqueued - set(lines(folder, 'done')))} left",
-    )
+    stop_producers_and_drain(children, folder, processes)
     twice = [p for p, n in Counter(lines(folder, "done")).items() if n > 1]
     assert len(twice) <= 1, twice  # at most the job the killed process held
 
@@ -108,13 +126,9 @@ def test_a_killed_broker_is_replaced_and_nothing_acknowledged_is_lost(
 def test_a_paused_broker_is_fenced_and_steps_down_when_it_wakes(
     children: Children, tmp_path: Path
 ) -> None:
-    url = (tmp_path / "store").as_uri()
-    folder = tmp_path / "actors"
-    folder.mkdir()
-    processes = [start(children, role, url, folder) for role in ("producer", "producer", "worker")]
-    leader = wait_for(lambda: holder(folder, processes, url), 30, "a broker to be elected")
-    first = record(url)
-    assert first is not None
+    url, folder, processes, leader, first = elect(
+        children, tmp_path, ("producer", "producer", "worker")
+    )
     paused = next(p for p in processes if p.pid == leader)
     paused.send_signal(signal.SIGSTOP)
     try:
@@ -136,13 +150,4 @@ def test_a_paused_broker_is_fenced_and_steps_down_when_it_wakes(
     time.sleep(1.0)
     now = record(url)
     assert now is not None and (now.id, now.epoch) == (successor.id, successor.epoch)
-    for process in processes:
-        if next(folder.glob(f"{process.pid}.*")).suffix == ".producer":
-            children.stop(process)
-    enqueued = set(lines(folder, "enqueued"))
-    wait_for(
-        lambda: enqueued <= set(lines(folder, "done")),
-        60,
-        "every acknowledged enqueue to be done",
-        progress=lambda: f"{len(enqueued - set(lines(folder, 'done')))} left",
-    )
+    stop_producers_and_drain(children, folder, processes)

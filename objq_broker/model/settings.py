@@ -1,10 +1,10 @@
-"""Reading a consumer's numeric settings from the environment or an option bag.
+"""Reading numeric settings from the environment or an option bag.
 
 Every integration takes a few durations and counts (a lease, a heartbeat interval, a polling
-interval, a batch size) from keyword arguments, ``OBJQ_*`` environment variables or a
-framework's option dict. They are parsed here, once, with one kind of refusal: a
-:class:`~objq_broker.errors.ConfigurationError` that names the setting, says what was expected
-and shows what was found.
+interval, a batch size), and the broker its takeover time, from keyword arguments, ``OBJQ_*``
+environment variables or a framework's option dict. They are parsed here, once, with one
+kind of refusal: a :class:`~objq_broker.errors.ConfigurationError` that names the setting,
+says what was expected and shows what was found.
 
 >>> positive_seconds("2.5", "heartbeat_interval", where="objq transport")
 2.5
