@@ -15,8 +15,11 @@ Failure handling, in order of likelihood:
 * **Storage error**: retry until ``commit_deadline_seconds``, then fail the batch's futures. No
   future is ever resolved as a success before its effect is durable.
 * **Ambiguous write** (the write may have landed although the call failed): re-read and look for
-  this attempt's commit id in ``recent_commits``. Found: the saved results are the true ones.
-  Not found: the batch is applied afresh, so an enqueue is never doubled and an ack never lost.
+  the commit id of every failed try of this batch in ``recent_commits``. Found: that try's
+  saved results are the true ones. Not found: the batch is applied afresh, so an enqueue is
+  never doubled and an ack never lost. A write that failed may still be in flight and land
+  later (a timed-out PUT), so every failed try is remembered until the batch settles: at most
+  one of them can land, since each expects the version the one before it found.
 * **Corrupt or unknown state**, missing bucket, denied access: every op of the batch fails with
   that error at once, and the state object is left untouched.
 """
@@ -127,7 +130,7 @@ class _Attempt:
     commit_id: str
     results: list[tuple[_Op, bool, Any]]
     finished: list[Finished] = field(default_factory=list)
-    #: Objects this attempt wrote before the state (archive, bodies): orphans if it fails.
+    #: Objects this attempt wrote (or reused) before the state: orphans if another try lands.
     written: list[str] = field(default_factory=list)
     #: What each of those objects holds, so a retry that would write the same reuses it.
     contents: dict[str, object] = field(default_factory=dict)
@@ -198,8 +201,8 @@ class Engine:
         self._consumer = False
         self._thread: threading.Thread | None = None
         self._commit_listeners: list[Callable[[], None]] = []
-        self._uncertain: _Attempt | None = None  # a write that may have landed
-        self._spare: _Attempt | None = None  # one that did not: its objects may serve again
+        #: This batch's tries whose state write failed: any one of them may yet have landed.
+        self._failed_tries: list[_Attempt] = []
         self._last_batch_ops = 0
         self._last_commit_seconds = 0.0
         self._idle_tick = idle_tick_seconds
@@ -341,9 +344,6 @@ class Engine:
                 latest=any(op.latest for op in batch),
             )
         finally:
-            if self._spare is not None:
-                self._discard_written(self._spare)
-                self._spare = None
             self.metrics.batches += 1
             self.metrics.ops += len(batch)
             self.metrics.max_batch_ops = max(self.metrics.max_batch_ops, len(batch))
@@ -355,7 +355,8 @@ class Engine:
 
     def _commit_with_retries(self, live: list[_Op], *, fresh: bool, latest: bool) -> None:
         deadline = time.monotonic() + self.commit_deadline_seconds
-        self._uncertain = None
+        # Left by a batch that gave up: those writes may still land, so their objects stay.
+        self._failed_tries = []
         tries = 0
         while True:
             tries += 1
@@ -371,7 +372,7 @@ class Engine:
             except (PreconditionFailed, StorageError) as exc:
                 deadline = self._note_failure(exc, deadline)
                 if time.monotonic() >= deadline:
-                    self._fail(live, self._deadline_error(exc, tries, self._uncertain))
+                    self._fail(live, self._deadline_error(exc, tries))
                     return
                 if isinstance(exc, PreconditionFailed):
                     # Re-read and go again: waiting longer only hands the lead to the others.
@@ -397,19 +398,16 @@ class Engine:
 
     def _try_commit(self, live: list[_Op], fresh: bool, latest: bool) -> bool:
         """One try; True when every op is settled, False to try again at once."""
-        uncertain = self._uncertain
-        state = self._load(force=uncertain is not None, fresh=fresh, latest=latest)
-        if uncertain is not None:
-            self._uncertain = None
-            if uncertain.commit_id in state.doc.recent_commits:
-                log.info("commit %s landed although its write failed", uncertain.commit_id)
-                self._resolve(uncertain.results)
-                return True
-            # It did not land. What it wrote ahead of the state is kept for the next try, which
-            # re-applies the same ops and usually writes the very same archive and bodies.
-            if self._spare is not None:
-                self._discard_written(self._spare)
-            self._spare = uncertain
+        failed = self._failed_tries
+        state = self._load(force=bool(failed), fresh=fresh, latest=latest)
+        recent = set(state.doc.recent_commits)
+        landed = next((a for a in failed if a.commit_id in recent), None)
+        if landed is not None:
+            log.info("commit %s landed although its write failed", landed.commit_id)
+            self._settled(landed)
+            return True
+        # None has landed yet. What they wrote ahead of the state is kept: the next try
+        # re-applies the same ops and usually writes the very same archive and bodies.
         attempt = self._apply(state, live)
         if attempt is None:
             return False  # an op crashed: it was failed and dropped; start again
@@ -420,16 +418,24 @@ class Engine:
                 # Even a refused condition may hide a landed write: an SDK that retried a
                 # timed-out PUT gets 412 from its own first attempt. Look before re-applying.
                 if not isinstance(exc, _FATAL):
-                    self._uncertain = attempt
+                    failed.append(attempt)
                 raise
-        self._resolve(attempt.results)
+        self._settled(attempt)
         return True
 
-    def _deadline_error(self, exc: Exception, tries: int, uncertain: _Attempt | None) -> ObjqError:
+    def _settled(self, landed: _Attempt) -> None:
+        """``landed`` is the try whose state is stored: resolve its results, and delete what
+        the other tries wrote ahead of theirs (none of them can land on top of it)."""
+        self._resolve(landed.results)
+        kept = set(landed.written)
+        orphans = {key for a in self._failed_tries for key in a.written} - kept
+        for key in sorted(orphans):
+            self._delete_quietly(key, "orphan object")
+        self._failed_tries = []
+
+    def _deadline_error(self, exc: Exception, tries: int) -> ObjqError:
         what = (
-            "could not confirm whether the last write landed"
-            if uncertain is not None
-            else "gave up"
+            "could not confirm whether the last write landed" if self._failed_tries else "gave up"
         )
         kind = QueueError if isinstance(exc, PreconditionFailed) else StorageError
         return kind(
@@ -532,21 +538,20 @@ class Engine:
         self._janitor.delete(unused, "unused bodies object")
 
     def _spare_holding(self, content: object) -> str | None:
-        """The key of an object the last failed try wrote with exactly ``content``."""
-        spare = self._spare
-        if spare is None:
-            return None
-        return next((key for key, held in spare.contents.items() if held == content), None)
+        """The key of an object a failed try of this batch wrote with exactly ``content``."""
+        for tried in self._failed_tries:
+            for key, held in tried.contents.items():
+                if held == content:
+                    return key
+        return None
 
     def _reuse(self, key: str, attempt: _Attempt) -> bool:
-        """Hand ``key`` from the failed try to ``attempt``, if the failed try wrote it."""
-        spare = self._spare
-        if spare is None or key not in spare.contents:
-            return False
-        attempt.contents[key] = spare.contents.pop(key)
-        spare.written.remove(key)
-        attempt.written.append(key)
-        return True
+        """Let ``attempt`` refer to ``key``, if a failed try of this batch wrote it."""
+        for tried in self._failed_tries:
+            if key in tried.contents:
+                self._wrote(attempt, key, tried.contents[key])
+                return True
+        return False
 
     @staticmethod
     def _wrote(attempt: _Attempt, key: str, content: object) -> None:
@@ -560,12 +565,6 @@ class Engine:
         except ObjqError as exc:  # keep the reference rather than fail the commit
             log.warning("archiving job %s without its body: %s", job.id, exc)
             return job
-
-    def _discard_written(self, attempt: _Attempt) -> None:
-        """Remove what a commit that did not land wrote ahead of its state (best effort)."""
-        for key in attempt.written:
-            self._delete_quietly(key, "orphan object")
-        attempt.written.clear()
 
     def _delete_quietly(self, key: str, what: str) -> None:
         self._janitor.delete_now(key, what)

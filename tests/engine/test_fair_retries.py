@@ -76,3 +76,37 @@ def test_a_direct_writer_is_not_fenced_by_a_broker_epoch() -> None:
     with Queue(store=store) as direct:
         direct.enqueue("q", b"x")  # a client with no broker to reach commits directly
         assert direct.stats("q").ready == 1
+
+
+class _LandsLate(MemoryStore):
+    """The first conditional state write times out, and lands only when the next one is
+    sent: a PUT still in flight when its caller gave up and read the state again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight: tuple[bytes, str] | None = None
+        self.armed = False
+
+    def write(self, key: str, data: bytes, **condition: Any) -> str:
+        version = condition.get("if_version")
+        if key == "state.json" and version:
+            if self.armed:
+                self.armed = False
+                self.in_flight = (data, version)
+                raise StorageUnavailable("read timeout (the write is still in flight)")
+            if self.in_flight is not None:
+                late, self.in_flight = self.in_flight, None
+                super().write(key, late[0], if_version=late[1])
+        return super().write(key, data, **condition)
+
+
+def test_a_write_that_lands_after_its_caller_gave_up_is_found_not_doubled() -> None:
+    store = _LandsLate()
+    big = b"x" * 1000  # kept out of the state, in a bodies object
+    with Queue(store=store) as q:
+        q.declare("q")
+        store.armed = True
+        job = q.enqueue("q", big)  # its first try lands late, under the second one
+        assert [d.payload for d in q.claim("q", 5)] == [big]
+        assert q.job(job.id) is not None
+        assert q.stats("q").in_flight == 1
