@@ -14,13 +14,14 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
@@ -87,6 +88,7 @@ def start_moto() -> MotoServer:
     """Start moto's S3 server in a thread on a free port of 127.0.0.1."""
     from moto.server import ThreadedMotoServer
 
+    _serialise_moto_puts()
     # werkzeug logs every request at INFO; tests and benchmarks only want its warnings.
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     # Port 0: the OS picks a free port atomically at bind time (a port chosen beforehand could
@@ -97,6 +99,32 @@ def start_moto() -> MotoServer:
     endpoint = f"http://{host}:{port}"
     _wait_until_answering(f"{endpoint}/", "moto S3 server", accept_status=(200, 403))
     return MotoServer(endpoint, server)
+
+
+_PUT_LOCK = threading.Lock()
+
+
+def _serialise_moto_puts() -> None:
+    """Make moto's conditional PUT atomic, as S3's is.
+
+    moto checks ``If-Match``/``If-None-Match`` and then builds and stores the new object in a
+    separate step, with no lock between: under load, two PUTs expecting the same ETag both pass
+    the check and the second silently overwrites the first (a lost update that S3 and
+    SeaweedFS refuse with 412). Serialising moto's PUT handler closes that window, so the
+    tests exercise objq's compare-and-set, not moto's race.
+    """
+    from moto.s3.responses import S3Response
+
+    put = S3Response.put_object
+    if getattr(put, "serialised", False):
+        return
+
+    def put_object(self: Any) -> Any:
+        with _PUT_LOCK:
+            return put(self)
+
+    put_object.serialised = True  # type: ignore[attr-defined]
+    S3Response.put_object = put_object  # type: ignore[method-assign]
 
 
 def create_s3_bucket(endpoint: str, bucket: str) -> None:
