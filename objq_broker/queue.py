@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import logging
 import threading
 import time
@@ -71,10 +72,12 @@ class Queue:
         owner: str | None = None,
         poll_seconds: float = DEFAULT_POLL_SECONDS,
         max_poll_seconds: float = DEFAULT_MAX_POLL_SECONDS,
-        broker: str | None = None,
+        broker: str | BrokerSettings | None = None,
         **options: Any,
     ) -> None:
-        settings = broker_settings(broker, options)
+        settings = (
+            broker if isinstance(broker, BrokerSettings) else broker_settings(broker, options)
+        )
         self.store, engine_options = resolve_store(url, store, options, "Queue")
         #: Where operations go: the local group-commit engine, or a broker that commits for
         #: every process of the namespace.
@@ -430,14 +433,14 @@ def open_committer(
 ) -> Committer:
     """The local engine (mode ``off``), or a committer that goes through the namespace's
     broker (:mod:`objq_broker.broker.settings` lists the modes)."""
-    if settings.mode == "off":
+    if settings.mode == "off" or (settings.implicit and not _brokered_by_default(store, options)):
         return Engine(store, **options)
     try:  # needs grpcio: imported only when a broker is asked for
         from objq_broker.broker.elected import ElectedCommitter
     except ModuleNotFoundError as exc:
         raise ConfigurationError(
             f"Queue: broker mode {settings.mode!r} needs grpcio ({exc}): "
-            "pip install 'objq-broker[broker]'"
+            "pip install grpcio, or pass broker='off'"
         ) from exc
     refused = sorted(set(options) & {"epoch", "exclusive"})
     if refused:
@@ -449,6 +452,19 @@ def open_committer(
     return ElectedCommitter(
         store, settings, commit_deadline_seconds=deadline, engine_options=options
     )
+
+
+def _brokered_by_default(store: ObjectStore, options: dict[str, Any]) -> bool:
+    """Whether a queue that did not ask for a mode goes through the namespace's broker: not
+    when no other process can see its store (``memory://``, wrapped or not), when it asks for
+    the engine's own broker-side options, or when grpcio is missing (it then commits
+    directly, as with ``broker="off"``)."""
+    if store.url.startswith("memory://") or {"epoch", "exclusive"} & set(options):
+        return False
+    if importlib.util.find_spec("grpc") is None:
+        log.info("%s: grpcio is not installed; committing directly (broker mode off)", store.url)
+        return False
+    return True
 
 
 def heartbeat_interval(deliveries: Sequence[Delivery], every: float | None) -> float:

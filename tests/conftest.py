@@ -1,4 +1,4 @@
-"""Shared fixtures: real storage peers (moto's S3 server, fake-gcs-server), stores on them, and
+"""Shared fixtures: real storage peers (moto's S3 server, SeaweedFS, fake-gcs-server), stores on them, and
 the child processes a test starts (stopped when it ends). The helpers behind them are in
 ``tests/support/``."""
 
@@ -12,12 +12,27 @@ import pytest
 
 from objq_broker.storage import ObjectStore, open_store
 from tests.support.processes import Children
-from tests.support.servers import gcs_endpoint, gcs_url_factory, moto_endpoint, s3_url_factory
+from tests.support.servers import (
+    gcs_endpoint,
+    gcs_url_factory,
+    moto_endpoint,
+    s3_url_factory,
+    seaweedfs_endpoint,
+    seaweedfs_url_factory,
+)
 
-__all__ = ["gcs_endpoint", "gcs_url_factory", "moto_endpoint", "s3_url_factory"]
+__all__ = [
+    "gcs_endpoint",
+    "gcs_url_factory",
+    "moto_endpoint",
+    "s3_url_factory",
+    "seaweedfs_endpoint",
+    "seaweedfs_url_factory",
+]
 
 #: Every backend the contract suite runs against; none is ever skipped.
-BACKENDS = ["memory", "file", "s3", "gs"]
+#: ``seaweedfs`` is S3 too (the same adapter), on a server that enforces conditional writes itself.
+BACKENDS = ["memory", "file", "s3", "seaweedfs", "gs"]
 
 _memory_names = itertools.count()
 
@@ -34,6 +49,9 @@ def store_url_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callabl
             return (tmp_path / f"store{next(folders)}").as_uri()
         if backend == "s3":
             factory: Callable[[], str] = request.getfixturevalue("s3_url_factory")
+            return factory()
+        if backend == "seaweedfs":
+            factory = request.getfixturevalue("seaweedfs_url_factory")
             return factory()
         if backend == "gs":
             factory = request.getfixturevalue("gcs_url_factory")

@@ -23,11 +23,13 @@ down. A broker that closes clears the record, so the next process takes over at 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
@@ -39,16 +41,17 @@ from objq_broker.broker.server import BrokerServer, require_token
 from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.commit import DEFAULT_COMMIT_DEADLINE_SECONDS, Engine, EngineMetrics
+from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import (
     BrokerTaken,
     BrokerUnreachable,
     ConfigurationError,
     ObjqError,
     QueueClosed,
+    StorageUnavailable,
     WriterFenced,
 )
 from objq_broker.model.ops import (
-    BrokerInfo,
     Nothing,
     Op,
     Outcomes,
@@ -88,18 +91,20 @@ class ElectedCommitter:
         engine_options: dict[str, Any] | None = None,
     ) -> None:
         _check_serving(settings)
+        _open_at_exit.add(self)
         self.store = store
         self.settings = settings
         self.commit_deadline_seconds = commit_deadline_seconds
         self.bodies = BodyCache(store)
-        #: Sessions and operations this client sent (a leader's engine counts its writes).
-        self.metrics = EngineMetrics()
+        self._sent = EngineMetrics()  # sessions and operations this client sent
+        self._retired: list[Engine] = []  # engines this process led with before
         self.client_id = uuid.uuid4().hex
         self._engine_options = dict(engine_options or {})
         self._engine_options["commit_deadline_seconds"] = commit_deadline_seconds
         self._pending: deque[tuple[Op[Any], Future[Any]]] = deque()
         self._cv = threading.Condition()
         self._closing = False
+        self._closed = False  # close() has run (or is running)
         self._thread: threading.Thread | None = None
         self._listeners: list[Callable[[], None]] = []
         self._seq = 0
@@ -136,6 +141,24 @@ class ElectedCommitter:
     def leader_engine(self) -> Engine | None:
         return self._leader
 
+    @property
+    def metrics(self) -> EngineMetrics:
+        """Sessions and operations this process sent, with the storage requests of the engines
+        it committed them with (as the broker, those include other processes' sessions)."""
+        total = EngineMetrics(ops=self._sent.ops, batches=self._sent.batches)
+        engines = [*self._retired, self._leader, self._direct]
+        for engine in (e for e in engines if e is not None):
+            counts = engine.metrics
+            total.state_writes += counts.state_writes
+            total.state_reads += counts.state_reads
+            total.archive_writes += counts.archive_writes
+            total.bodies_writes += counts.bodies_writes
+            total.conflicts += counts.conflicts
+            total.storage_errors += counts.storage_errors
+            total.max_batch_ops = max(total.max_batch_ops, counts.max_batch_ops)
+            total.commit_seconds_total += counts.commit_seconds_total
+        return total
+
     # --- the Committer interface -----------------------------------------------------------
 
     def submit(self, op: Op[T]) -> Future[T]:
@@ -162,7 +185,9 @@ class ElectedCommitter:
         """Send what is pending, then stop. A leader clears its record first, so the next
         process to need a broker takes over without waiting for it to be found gone."""
         with self._cv:
-            self._closing = True
+            if self._closed:
+                return
+            self._closing = self._closed = True
             self._cv.notify()
             thread = self._thread
         if thread is not None:
@@ -211,8 +236,8 @@ class ElectedCommitter:
                 outcomes = self._commit(session)
             except Exception as exc:  # every op learns why; nothing hangs
                 outcomes = [(False, exc)] * len(live)
-            self.metrics.batches += 1
-            self.metrics.ops += len(live)
+            self._sent.batches += 1
+            self._sent.ops += len(live)
             for (_, future), (ok, value) in zip(live, outcomes, strict=True):
                 with contextlib.suppress(InvalidStateError):
                     if ok:
@@ -259,7 +284,12 @@ class ElectedCommitter:
                     f"{self.store.url}: no broker reachable within "
                     f"{self.commit_deadline_seconds:g} s; last error: {self._last_error}"
                 )
-            target = self._resolve()
+            try:
+                target = self._resolve()
+            except StorageUnavailable as exc:  # transient: look again until the deadline
+                log.info("looking for the broker of %s, retrying: %s", self.store.url, exc)
+                self._last_error = exc
+                target = None
             if target is not None:
                 return target
             time.sleep(RETRY_PAUSE_SECONDS)
@@ -337,7 +367,9 @@ class ElectedCommitter:
         fresh = time.monotonic() - self._record_read_at >= RECORD_RECHECK_SECONDS
         if not fresh and (self._unreachable_since is not None or self._link is None):
             return self._record  # no broker to be had a moment ago: not worth a read per batch
-        record = self._direct_engine().submit(BrokerInfo()).result()
+        # A plain read: a commit here would also requeue expired leases, and the operation
+        # this route is found for (``expire()``, say) would then report what it did as done.
+        record = Snapshot.read(self.store).broker
         self._record_read_at = time.monotonic()
         return record
 
@@ -402,6 +434,7 @@ class ElectedCommitter:
         elif leader is not None:
             leader.close()
         if leader is not None:
+            self._retired.append(leader)
             self._record = None
             self._record_read_at = float("-inf")
 
@@ -418,6 +451,22 @@ class ElectedCommitter:
     def _notify(self) -> None:
         for listener in self._listeners:
             listener()
+
+
+#: Committers still open. A process that exits without closing its queue (Celery's
+#: ``app.close()`` leaves the transport's open) would leave its broker record behind, and every
+#: other process would wait ``takeover_seconds`` to find it gone; its pipelined acks would be
+#: lost. At exit, each is closed: what is pending is sent, and a broker resigns.
+_open_at_exit: weakref.WeakSet[ElectedCommitter] = weakref.WeakSet()
+#: How long closing one committer may hold up the exit of its process.
+AT_EXIT_CLOSE_SECONDS = 5.0
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for committer in list(_open_at_exit):
+        with contextlib.suppress(Exception):  # exiting anyway: never raise from here
+            committer.close(AT_EXIT_CLOSE_SECONDS)
 
 
 def _check_serving(settings: BrokerSettings) -> None:

@@ -2,17 +2,20 @@
 
 Modes:
 
-* ``off``: no broker; this process commits directly by compare-and-set (the default).
-* ``auto``: the processes sharing a namespace elect one of themselves to commit for all. The
-  first to find no reachable broker takes over (serving on ``broker_listen``); the others
-  forward their operations to it.
+* ``off``: no broker; this process commits directly by compare-and-set.
+* ``auto`` (the default): the processes sharing a namespace elect one of themselves to commit
+  for all. The first to find no reachable broker takes over (serving on ``broker_listen``); the
+  others forward their operations to it.
 * ``client``: forward to the elected broker, but never serve; with no reachable broker,
   commit directly.
 * ``host:port``: always forward to the broker at this address (a dedicated ``objq broker``).
 
 Every option can also come from the environment (``OBJQ_BROKER``, ``OBJQ_BROKER_LISTEN``, ...),
-so workers started by Dramatiq or Celery switch modes without code changes. This module does
-not import grpcio; the broker's own modules do.
+so workers started by Dramatiq or Celery switch modes without code changes. When neither names
+a mode, the caller's default applies (``auto`` for a queue, ``client`` for a one-shot command,
+which should not become the broker only to resign a moment later), and the settings say it was
+not chosen: a queue on a store no other process can see then simply commits directly. This
+module does not import grpcio; the broker's own modules do.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ BROKER_OPTIONS = frozenset(_ENV)
 @dataclass(frozen=True)
 class BrokerSettings:
     mode: Mode = "off"
+    #: Whether ``mode`` is the caller's default rather than asked for (argument or environment).
+    implicit: bool = False
     #: The broker to use in ``fixed`` mode.
     address: str | None = None
     listen: str = DEFAULT_LISTEN
@@ -63,16 +68,21 @@ class BrokerSettings:
         return (self.tls_cert, self.tls_key) if self.tls_cert and self.tls_key else None
 
 
-def broker_settings(broker: str | None, options: dict[str, Any]) -> BrokerSettings:
+def broker_settings(
+    broker: str | None, options: dict[str, Any], *, default: Mode = "auto"
+) -> BrokerSettings:
     """The settings of ``Queue(broker=..., broker_*=...)``; removes the ``broker_*`` keys from
-    ``options``. Raises :class:`ConfigurationError` naming what was expected."""
+    ``options``. ``default`` applies when neither ``broker`` nor ``OBJQ_BROKER`` names a mode.
+    Raises :class:`ConfigurationError` naming what was expected."""
     given = {key: options.pop(key) for key in list(options) if key in BROKER_OPTIONS}
     values: dict[str, Any] = {}
     for key, env in _ENV.items():
         value = given.get(key, os.environ.get(env) or None)
         if value is not None:
             values[key.removeprefix("broker_")] = value
-    spec = broker if broker is not None else (os.environ.get("OBJQ_BROKER") or "off")
+    spec = broker if broker is not None else os.environ.get("OBJQ_BROKER") or None
+    implicit = spec is None
+    spec = spec or default
     if spec in ("off", "auto", "client"):
         mode: Mode = spec  # type: ignore[assignment]
         address = None
@@ -93,7 +103,7 @@ def broker_settings(broker: str | None, options: dict[str, Any]) -> BrokerSettin
     for key in ("listen", "advertise"):
         if key in values and not _is_address(str(values[key])):
             raise ConfigurationError(f"broker_{key}: expected host:port, found {values[key]!r}")
-    return BrokerSettings(mode=mode, address=address, **values)
+    return BrokerSettings(mode=mode, implicit=implicit, address=address, **values)
 
 
 def _is_address(text: str) -> bool:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from objq_broker.broker.settings import broker_settings
 from objq_broker.cli.output import UsageError, print_json
 from objq_broker.engine.options import URL_ENV
 from objq_broker.engine.snapshot import Snapshot
@@ -68,9 +69,13 @@ class Context:
         a missing bucket or a corrupt state fail at once, before anything is submitted."""
         return Snapshot.read(self.store(create=create))
 
-    def queue(self, *, create: bool = False) -> Queue:
+    def queue(self, *, create: bool = False, serves: bool = False) -> Queue:
+        """The queue API on the store. Through the namespace's broker unless ``OBJQ_BROKER``
+        says otherwise; only a long-running command (``serves``) may become the broker: a
+        one-shot command would take the role only to resign it a moment later."""
         if self._queue is None:
-            self._queue = Queue(store=self.store(create=create))
+            broker = broker_settings(None, {}, default="auto" if serves else "client")
+            self._queue = Queue(store=self.store(create=create), broker=broker)
         return self._queue
 
     def emit(self, value: Any, text: str) -> None:

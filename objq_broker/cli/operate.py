@@ -247,7 +247,7 @@ def cmd_worker(ctx: Context) -> int:
             f"{a.timeout}"
         )
     ctx.snapshot()
-    queue = ctx.queue()
+    queue = ctx.queue(serves=True)
     queue.declare(a.queue)  # a worker may well start before the first job is enqueued
     worker = CommandWorker(
         queue,

@@ -28,8 +28,11 @@ class Committer(Protocol):
     bodies: BodyCache
     #: How long one commit keeps retrying before its operations fail.
     commit_deadline_seconds: float
-    #: Counters of what was committed and what it cost.
-    metrics: EngineMetrics
+
+    @property
+    def metrics(self) -> EngineMetrics:
+        """Counters of what was committed and what it cost."""
+        ...
 
     def submit(self, op: Op[T]) -> Future[T]:
         """Queue ``op`` for a commit. Raises :class:`~objq_broker.errors.QueueClosed` once

