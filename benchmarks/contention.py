@@ -1,6 +1,8 @@
 """Many processes on one namespace: do the workers keep pace while producers publish?
 
-Starts 1, 2, 4, 8 (and 16) processes on one ``file://`` store for a fixed window. Half of them
+Starts 1, 2, 4, 8 (and 16) processes on one store for a fixed window: ``file://`` (a temporary
+directory), or ``s3://`` on a SeaweedFS server this script starts (a real S3 server that
+enforces conditional writes itself). Half of them
 are producers that enqueue one job at a time (as web handlers do); the other half are workers
 that claim one job, ack it, and claim again (as a framework worker does). With one process, it
 is a producer. Each process counts its calls, failed calls and latencies; at the end the parent
@@ -9,19 +11,23 @@ process's share of its role's mean, and state writes per 1,000 operations.
 
     python benchmarks/contention.py                      # 1, 2, 4, 8 processes, 8 s each
     python benchmarks/contention.py --processes 4 8 16 --seconds 12 --modes direct broker elected
+    python benchmarks/contention.py --stores file seaweedfs --modes direct elected
 
-``direct``: every process runs its own commit loop against the one state object. ``broker``:
-an ``objq broker`` process commits for all of them (``Queue(url, broker=address)``).
-``elected``: no extra process; the processes elect one of themselves (``broker="auto"``). State
-writes are counted from the state's commit counter, so both modes count the same way.
+``direct``: every process runs its own commit loop against the one state object
+(``broker="off"``). ``broker``: an ``objq broker`` process commits for all of them
+(``Queue(url, broker=address)``). ``elected``: no extra process; the processes elect one of
+themselves (``broker="auto"``, the default). State writes are counted from the state's commit
+counter, so every mode counts the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import multiprocessing as mp
+import os
 import platform
 import shutil
 import statistics
@@ -38,6 +44,15 @@ from provenance import objq_revision
 from objq_broker import Queue
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.storage import open_store
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' server helpers
+from tests.support.servers import (
+    SeaweedFS,
+    apply_dummy_aws_env,
+    create_s3_bucket,
+    new_bucket_name,
+    start_seaweedfs,
+)
 
 QUEUE = "contention"
 PAYLOAD = b'{"task": "noop", "args": [1]}'
@@ -87,7 +102,7 @@ def run_process(
 
 
 def remaining_jobs(url: str) -> int:
-    with Queue(url) as q:
+    with Queue(url, broker="off") as q:
         stats = q.stats(QUEUE)
         return stats.ready + stats.delayed + stats.in_flight
 
@@ -105,10 +120,10 @@ def commits(url: str) -> int:
     return Snapshot.read(open_store(url)).version
 
 
-def run_case(processes: int, seconds: float, mode: str) -> dict[str, Any]:
+def run_case(processes: int, seconds: float, mode: str, store: str) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="objq-contention-"))
-    url = folder.as_uri()
-    broker, address = start_broker(url) if mode == "broker" else (None, None)
+    url = folder.as_uri() if store == "file" else store
+    broker, address = start_broker(url) if mode == "broker" else (None, "off")
     if mode == "elected":
         address = "auto"
     try:
@@ -176,27 +191,55 @@ def main() -> None:
     parser.add_argument(
         "--modes", nargs="+", choices=["direct", "broker", "elected"], default=["direct"]
     )
+    parser.add_argument("--stores", nargs="+", choices=["file", "seaweedfs"], default=["file"])
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent
     print(
-        f"# contention on file://, {args.seconds:g} s per case; "
-        f"{objq_revision(root) or 'objq (not a checkout)'}; Python {platform.python_version()}"
+        f"# contention, {args.seconds:g} s per case; "
+        f"{objq_revision(root) or 'objq (not a checkout)'}; Python {platform.python_version()}; "
+        f"{os.cpu_count()} CPUs"
     )
     print(
-        "| mode | processes | enqueued | completed | left at end | failed calls | p99 (ms) "
-        "| ops/s | slowest / role mean | state writes per 1,000 ops |"
+        "| store | mode | processes | enqueued | completed | left at end | failed calls "
+        "| p99 (ms) | ops/s | slowest / role mean | state writes per 1,000 ops |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for mode, count in itertools.product(args.modes, args.processes):
-        row = run_case(count, args.seconds, mode)
-        print(
-            f"| {mode} | {row['processes']} | {row['enqueued']:,} | {row['completed']:,} | "
-            f"{row['left']:,} | {row['failed']} | {row['p99_ms']:.0f} | {row['ops_per_s']:,.0f} | "
-            f"{row['slowest_share']:.2f} | {row['writes_per_1000']:.0f} |",
-            flush=True,
-        )
-        for error in row["errors"]:
-            print(f"  error: {error}", file=sys.stderr)
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    with contextlib.ExitStack() as stack:
+        stores = CaseStores(stack)
+        for store, mode, count in itertools.product(args.stores, args.modes, args.processes):
+            row = run_case(count, args.seconds, mode, stores.new(store))
+            print_row(store, mode, row)
+
+
+class CaseStores:
+    """Where each case runs: ``file`` (the case makes its own folder), or a fresh bucket on a
+    SeaweedFS server started on first use and stopped when ``stack`` closes."""
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self.stack = stack
+        self.seaweedfs: SeaweedFS | None = None
+
+    def new(self, store: str) -> str:
+        if store == "file":
+            return "file"
+        if self.seaweedfs is None:
+            apply_dummy_aws_env()
+            self.seaweedfs = start_seaweedfs()
+            self.stack.callback(self.seaweedfs.stop)
+        bucket = new_bucket_name()
+        create_s3_bucket(self.seaweedfs.endpoint, bucket)
+        return f"s3://{bucket}/contention?endpoint_url={self.seaweedfs.endpoint}"
+
+
+def print_row(store: str, mode: str, row: dict[str, Any]) -> None:
+    print(
+        f"| {store} | {mode} | {row['processes']} | {row['enqueued']:,} | {row['completed']:,} | "
+        f"{row['left']:,} | {row['failed']} | {row['p99_ms']:.0f} | {row['ops_per_s']:,.0f} | "
+        f"{row['slowest_share']:.2f} | {row['writes_per_1000']:.0f} |",
+        flush=True,
+    )
+    for error in row["errors"]:
+        print(f"  error: {error}", file=sys.stderr)
 
 
 if __name__ == "__main__":

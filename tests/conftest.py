@@ -1,6 +1,6 @@
-"""Shared fixtures: real storage peers (moto's S3 server, SeaweedFS, fake-gcs-server), stores on them, and
-the child processes a test starts (stopped when it ends). The helpers behind them are in
-``tests/support/``."""
+"""Shared fixtures: real storage peers (moto's S3 server, SeaweedFS, fake-gcs-server), stores
+on them, and the child processes a test starts (stopped when it ends). The helpers behind them
+are in ``tests/support/``."""
 
 from __future__ import annotations
 
