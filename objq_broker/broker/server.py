@@ -22,10 +22,12 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import queue
 import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 import grpc
 
@@ -34,6 +36,8 @@ from objq_broker.engine.port import Committer
 from objq_broker.errors import ConfigurationError, ObjqError, WriterFenced
 
 log = logging.getLogger("objq_broker.broker")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 #: The service and its methods.
 SERVICE = "objq.Broker"
@@ -109,10 +113,9 @@ class BrokerServer:
         self._changed = threading.Condition()
         self._stopping = False
         committer.on_commit(self._committed)
-        self._server = grpc.server(
-            ThreadPoolExecutor(worker_threads, thread_name_prefix="objq-broker"),
-            options=GRPC_OPTIONS,
-        )
+        self._threads = DaemonThreads(worker_threads, name="objq-broker")
+        # grpc's stubs ask for a ThreadPoolExecutor; gRPC itself only calls submit().
+        self._server = grpc.server(self._threads, options=GRPC_OPTIONS)  # type: ignore[arg-type]
         handler = grpc.method_handlers_generic_handler(
             SERVICE,
             {
@@ -146,6 +149,7 @@ class BrokerServer:
             self._stopping = True
             self._changed.notify_all()
         self._server.stop(grace).wait()
+        self._threads.shutdown(wait=False)
         if close_committer:
             self.committer.close()
 
@@ -207,6 +211,62 @@ class BrokerServer:
                 "objq broker: missing or wrong token (set the same OBJQ_BROKER_TOKEN on the "
                 "broker and its clients)",
             )
+
+
+class DaemonThreads(Executor):
+    """The threads that answer calls: up to ``max_threads``, started as needed, reused, and
+    daemon threads, so that serving never keeps the process from exiting.
+
+    A ``ThreadPoolExecutor``'s threads are joined when the interpreter exits, and a Watch call
+    lasts as long as its client stays connected. A process that became the broker and then
+    exits without closing its queue (a script or web process sending Celery tasks never closes
+    kombu's connections) would wait for its clients forever; the executor, shut down at exit,
+    also refuses every new call, which ends gRPC's serving thread, so nobody is answered either.
+    With these threads it exits at once, like a killed broker: the next process takes over.
+    """
+
+    def __init__(self, max_threads: int, *, name: str) -> None:
+        self.max_threads = max_threads
+        self.name = name
+        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._started = 0
+        self._shut = False
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        future: Future[T] = Future()
+
+        def call() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # the caller gets it, as from any executor
+                future.set_exception(exc)
+
+        with self._lock:
+            if self._shut:
+                raise RuntimeError(f"{self.name}: cannot take calls after shutdown")
+            self._calls.put(call)
+            if not self._idle.acquire(blocking=False) and self._started < self.max_threads:
+                self._started += 1
+                name = f"{self.name}_{self._started}"
+                threading.Thread(target=self._work, name=name, daemon=True).start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Let each thread end after the calls already taken (``wait`` and ``cancel_futures``
+        are not supported: gRPC ends its calls itself before this is called)."""
+        with self._lock:
+            self._shut = True
+            for _ in range(self._started):
+                self._calls.put(None)
+
+    def _work(self) -> None:
+        while (call := self._calls.get()) is not None:
+            call()
+            self._idle.release()
 
 
 def _server_credentials(cert: str, key: str) -> grpc.ServerCredentials:

@@ -8,7 +8,9 @@ a torn mix, and a crash never leaves a half-written object.
 Conditional writes take an exclusive ``flock`` on a per-key lock file in ``.objq-locks/``
 around check-and-rename. ``flock`` locks belong to an open file description, so they exclude
 other threads of this process as well as other processes on this host. (Over NFS, ``flock``
-semantics depend on the server; use S3 or GCS to share a queue between hosts.)
+semantics depend on the server; use S3 or GCS to share a queue between hosts.) A forked child
+would share a lock held at the fork and keep it for its whole life, so a fork waits until no
+lock file is open in this process (:class:`ForkGate`).
 
 A version is ``<mtime_ns>-<inode>``, read with ``fstat`` on the same descriptor the data is
 read from. Writes push mtime strictly forward per key, so a version never repeats even when an
@@ -20,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -39,6 +43,60 @@ from objq_broker.storage.base import Blob, LocalStoreOps, check_key, check_prefi
 TMP_DIR = ".objq-tmp"
 #: Folder (under the root) holding one lock file per key ever written conditionally.
 LOCK_DIR = ".objq-locks"
+
+
+class ForkGate:
+    """Keeps ``fork()`` out of the moments a lock file is open in this process.
+
+    A child forked while a thread holds a key's ``flock`` shares that lock (it belongs to the
+    open file, and the child has a copy of the descriptor that it never closes): the lock stays
+    held while the child lives, and every writer of the key on this host, the child included,
+    waits for it. Celery's prefork pool forks children from a process that commits, all the
+    time (``--max-tasks-per-child``, a child that died). So a fork waits for the lock files
+    open now to be closed, and none is opened until the fork is done.
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition(threading.Lock())
+        self._open = 0
+        self._forking = False
+        os.register_at_fork(
+            before=self._before_fork,
+            after_in_parent=self._after_fork,
+            after_in_child=self._after_fork,
+        )
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[None]:
+        """Around the life of a lock file's descriptor."""
+        with self._cv:
+            while self._forking:
+                self._cv.wait()
+            self._open += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._open -= 1
+                self._cv.notify_all()
+
+    def _before_fork(self) -> None:
+        self._cv.acquire()  # held through the fork, released on both sides after it
+        self._forking = True
+        while self._open:
+            self._cv.wait()
+
+    def _after_fork(self) -> None:
+        self._forking = False
+        self._cv.notify_all()
+        self._cv.release()
+
+
+@functools.cache
+def fork_gate() -> ForkGate:
+    """The process's gate, made (and its fork hooks registered) on first use. Two callers
+    racing the first call may make two: both are registered, so forks still wait for both."""
+    return ForkGate()
 
 
 def _version_of(stat: os.stat_result) -> str:
@@ -108,12 +166,13 @@ class FileStore(LocalStoreOps):
     def _locked(self, key: str) -> Iterator[None]:
         # Hash the key: lock files stay flat and short whatever the key looks like.
         name = hashlib.sha256(key.encode()).hexdigest()[:40]
-        fd = os.open(self._root / LOCK_DIR / name, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing the descriptor releases the lock
+        with fork_gate().open():
+            fd = os.open(self._root / LOCK_DIR / name, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # closing the descriptor releases the lock
 
     def _current(self, path: Path) -> os.stat_result | None:
         try:

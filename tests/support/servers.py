@@ -176,7 +176,8 @@ class SeaweedFS:
     _log: IO[bytes] = field(repr=False)
 
     def stop(self) -> None:
-        terminate(self.process, grace_seconds=10)
+        # weed takes about 15 s to stop on SIGTERM; its data is scratch, so do not wait long.
+        terminate(self.process, grace_seconds=2)
         self._log.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
