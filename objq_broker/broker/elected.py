@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -117,6 +118,7 @@ class ElectedCommitter:
         self._unreachable_since: float | None = None
         self._last_error: Exception | None = None
         self._used: Target | None = None  # the route the last session took
+        self._readied_seen = (0, -1)  # the leader engine's mark at the last wake-up
 
     def __repr__(self) -> str:
         return f"ElectedCommitter({self.store.url!r}, {self.role})"
@@ -406,7 +408,7 @@ class ElectedCommitter:
             raise
         engine.epoch = won.epoch
         server.hello = wire.Hello(won.id, self.store.url, won.epoch)
-        engine.on_commit(self._notify)
+        engine.on_commit(functools.partial(self._notify_if_readied, engine))
         self._drop_link()
         self._leader, self._server, self._record = engine, server, won
         self._unreachable_since = None
@@ -447,6 +449,14 @@ class ElectedCommitter:
             except ObjqError as exc:
                 log.debug("watch on %s ended: %s", link.address, exc)
             time.sleep(RETRY_PAUSE_SECONDS)
+
+    def _notify_if_readied(self, engine: Engine) -> None:
+        """After a commit of this process's broker engine (most are other processes'
+        sessions): wake this process's claimers only if jobs became claimable."""
+        mark = engine.readied
+        if mark != self._readied_seen:
+            self._readied_seen = mark
+            self._notify()
 
     def _notify(self) -> None:
         for listener in self._listeners:

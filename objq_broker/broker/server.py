@@ -32,7 +32,7 @@ from typing import ParamSpec, TypeVar
 import grpc
 
 from objq_broker.broker import wire
-from objq_broker.engine.port import Committer
+from objq_broker.engine.commit import Engine
 from objq_broker.errors import ConfigurationError, ObjqError, WriterFenced
 
 log = logging.getLogger("objq_broker.broker")
@@ -95,7 +95,7 @@ class BrokerServer:
 
     def __init__(
         self,
-        committer: Committer,
+        committer: Engine,
         *,
         listen: str,
         token: str | None = None,
@@ -109,7 +109,7 @@ class BrokerServer:
         self.hello = hello or wire.Hello("", "", None)
         self._token = token.encode() if token else None
         self._commits = 0
-        self._writes_seen = 0
+        self._readied_seen = (0, -1)
         self._changed = threading.Condition()
         self._stopping = False
         committer.on_commit(self._committed)
@@ -190,13 +190,14 @@ class BrokerServer:
             yield b"."
 
     def _committed(self) -> None:
-        # Only a commit that wrote can have made a job claimable: a claim that found nothing
-        # must not wake every other idle claimer (who would then find nothing, and so on).
-        writes = self.committer.metrics.state_writes
+        # Only a commit that made a job claimable wakes the waiting claimers: after an ack or
+        # a claim that found nothing, each of them would look and find nothing (and wake the
+        # others' claims again with their own commits).
+        readied = self.committer.readied
         with self._changed:
-            if writes == self._writes_seen:
+            if readied == self._readied_seen:
                 return
-            self._writes_seen = writes
+            self._readied_seen = readied
             self._commits += 1
             self._changed.notify_all()
 

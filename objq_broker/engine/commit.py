@@ -268,6 +268,13 @@ class Engine:
         return self._closing
 
     @property
+    def readied(self) -> tuple[int, int]:
+        """A mark that changes whenever a commit made jobs claimable (or the state was read
+        again): what tells a broker its waiting claimers have something to look for."""
+        state = self._state
+        return (0, -1) if state is None else (id(state), state.readied)
+
+    @property
     def fenced(self) -> WriterFenced | None:
         """Why this engine stopped writing, if a writer with a newer epoch replaced it."""
         return self._fenced

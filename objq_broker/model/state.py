@@ -158,6 +158,9 @@ class QueueState:
         self.finished: list[Finished] = []
         #: True once a transition changed something that must be written.
         self.dirty = False
+        #: Jobs made claimable since this state was built (enqueued, released, expired, due):
+        #: a broker wakes waiting claimers only when it moves, not after every ack.
+        self.readied = 0
         #: Jobs enqueued since the last commit whose bodies are to leave the state.
         self.new_bodies: list[Job] = []
         #: Bodies objects no job refers to any more: delete them once the commit landed.
@@ -181,6 +184,7 @@ class QueueState:
         heapq.heappush(self._timed.setdefault(job.queue, []), entry)
 
     def _push_ready(self, job: Job) -> None:
+        self.readied += 1
         self._stale.add(job.id)
         entry: _ReadyEntry = (job.priority, job.seq, job.id)
         self._entry[job.id] = entry
