@@ -35,6 +35,7 @@ Mapping onto objq (see ``docs/celery.md``):
 # (kombu is only partly annotated)
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Set
@@ -48,6 +49,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
         "pip install 'objq-broker[celery]'"
     ) from exc
 
+from objq_broker.broker.settings import BrokerSettings, broker_settings
 from objq_broker.consume import LeaseKeeper
 from objq_broker.errors import ConfigurationError, QueueClosed, QueueError, StorageUnavailable
 from objq_broker.kombu.channel import Channel as ObjqChannel
@@ -55,6 +57,24 @@ from objq_broker.kombu.events import LoopBinding
 from objq_broker.kombu.routing import ExchangeTable
 from objq_broker.kombu.settings import TransportSettings
 from objq_broker.queue import Delivery, Queue
+
+#: The process that imported this module: a Celery worker's main process, or a publisher.
+_IMPORTED_IN = os.getpid()
+
+
+def _broker_settings() -> BrokerSettings:
+    """Where the transport's queues commit: directly unless ``OBJQ_BROKER`` names a mode.
+
+    Celery's prefork pool forks its children from the worker's main process, which as a broker
+    or a broker's client holds gRPC channels, threads and maybe a server; gRPC does not survive
+    ``fork()`` (a child using it can abort or hang), and a pool child that became the broker
+    would leave with ``os._exit``, never handing the role over. So the transport does not join
+    an election unless asked, and a forked child that was asked joins as a client, never
+    serving."""
+    settings = broker_settings(None, {}, default="off")
+    if settings.mode == "auto" and os.getpid() != _IMPORTED_IN:
+        return dataclasses.replace(settings, mode="client")
+    return settings
 
 
 class _SharedQueues:
@@ -73,7 +93,7 @@ class _SharedQueues:
         with self._lock:
             queue, users = self._queues.get(key, (None, 0))
             if queue is None or queue.closed:
-                queue, users = Queue(url, **options), 0
+                queue, users = Queue(url, broker=_broker_settings(), **options), 0
             self._queues[key] = (queue, users + 1)
             return queue
 
