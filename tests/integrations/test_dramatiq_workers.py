@@ -161,13 +161,15 @@ def test_app_on_s3_with_a_killed_worker(tmp_path: Path, s3_url_factory: Callable
 def test_long_task_is_not_redelivered_while_its_worker_lives(tmp_path: Path) -> None:
     url = (tmp_path / "store").as_uri()
     results = tmp_path / "results"
-    lease = 1.0
+    # A task 3.5 leases long. The lease leaves room for a heartbeat's round trip through the
+    # elected broker (one of the two workers) on a loaded machine.
+    lease = 2.0
     env = _env(url, results, lease)
     workers = [_start_worker(env, threads=2), _start_worker(env, threads=2)]
     try:
         script = (
             "import integrations.dramatiq_app as app; "
-            "app.long_task.send(1, 3.5); app.long_task.broker.close()"
+            f"app.long_task.send(1, {3.5 * lease}); app.long_task.broker.close()"
         )
         subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, check=True, timeout=60)
         _wait_drained(url, timeout=60)
