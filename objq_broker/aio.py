@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from objq_broker import ops
+from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.commit import EngineMetrics
 from objq_broker.model.ops import DeadLetters, Expire, FindJob, GetConfig, Op, QueueNames
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
@@ -61,7 +62,7 @@ class AsyncQueue:
         owner: str | None = None,
         poll_seconds: float = DEFAULT_POLL_SECONDS,
         max_poll_seconds: float = DEFAULT_MAX_POLL_SECONDS,
-        broker: str | None = None,
+        broker: str | BrokerSettings | None = None,
         **options: Any,
     ) -> None:
         #: The synchronous queue whose committer this one shares.
