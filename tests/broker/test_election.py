@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,11 +65,12 @@ def holder(folder: Path, processes: list[subprocess.Popen[bytes]], url: str) -> 
 
 
 def elect(
-    children: Children, tmp_path: Path, roles: tuple[str, ...]
+    children: Children, tmp_path: Path, roles: tuple[str, ...], url: str | None = None
 ) -> tuple[str, Path, list[subprocess.Popen[bytes]], int, BrokerRecord]:
-    """Start one actor per role on a fresh store and wait for them to elect a broker; returns
-    the store's URL, the actors' folder, the processes, the holder's pid and its record."""
-    url = (tmp_path / "store").as_uri()
+    """Start one actor per role on a fresh store (``url``, else a directory) and wait for them
+    to elect a broker; returns the store's URL, the actors' folder, the processes, the
+    holder's pid and its record."""
+    url = url or (tmp_path / "store").as_uri()
     folder = tmp_path / "actors"
     folder.mkdir()
     processes = [start(children, role, url, folder) for role in roles]
@@ -124,10 +126,12 @@ def test_a_killed_broker_is_replaced_and_nothing_acknowledged_is_lost(
 
 
 def test_a_paused_broker_is_fenced_and_steps_down_when_it_wakes(
-    children: Children, tmp_path: Path
+    children: Children, tmp_path: Path, seaweedfs_url_factory: Callable[[], str]
 ) -> None:
+    # On S3: a directory store's writer paused inside its lock (a flock held across its
+    # check-and-rename) would stop every writer on the host until it wakes.
     url, folder, processes, leader, first = elect(
-        children, tmp_path, ("producer", "producer", "worker")
+        children, tmp_path, ("producer", "producer", "worker"), seaweedfs_url_factory()
     )
     paused = next(p for p in processes if p.pid == leader)
     paused.send_signal(signal.SIGSTOP)
