@@ -427,40 +427,33 @@ def start_redis(
 # --- pytest fixtures ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def moto_endpoint() -> Iterator[str]:
-    """``http://127.0.0.1:PORT`` of a moto S3 server, with dummy AWS credentials in the env."""
+def _s3_endpoint(start: Callable[[], MotoServer | SeaweedFS], what: str) -> Iterator[str]:
+    """Start an S3 server with dummy AWS credentials in the environment; yield its endpoint."""
     with pytest.MonkeyPatch.context() as env:
         for name in CLEARED_AWS_ENV:
             env.delenv(name, raising=False)
         for name, value in DUMMY_AWS_ENV.items():
             env.setenv(name, value)
         try:
-            server = start_moto()
+            server = start()
         except Exception as exc:  # any failure to start must fail the tests, never skip them
-            pytest.fail(f"moto S3 server did not start: {exc!r}", pytrace=False)
+            pytest.fail(f"{what} did not start: {exc!r}", pytrace=False)
         try:
             yield server.endpoint
         finally:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of a moto S3 server, with dummy AWS credentials in the env."""
+    yield from _s3_endpoint(start_moto, "moto S3 server")
 
 
 @pytest.fixture(scope="session")
 def seaweedfs_endpoint() -> Iterator[str]:
     """``http://127.0.0.1:PORT`` of a SeaweedFS S3 server, with dummy AWS credentials in the env."""
-    with pytest.MonkeyPatch.context() as env:
-        for name in CLEARED_AWS_ENV:
-            env.delenv(name, raising=False)
-        for name, value in DUMMY_AWS_ENV.items():
-            env.setenv(name, value)
-        try:
-            server = start_seaweedfs()
-        except Exception as exc:  # any failure to start must fail the tests, never skip them
-            pytest.fail(f"SeaweedFS did not start: {exc!r}", pytrace=False)
-        try:
-            yield server.endpoint
-        finally:
-            server.stop()
+    yield from _s3_endpoint(start_seaweedfs, "SeaweedFS")
 
 
 @pytest.fixture(scope="session")
