@@ -278,8 +278,7 @@ class Queue:
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             seen = self._commits
-            claim = self.submit_claim(queue, n, lease=lease, owner=owner)
-            found = self.then_fill(claim).result()
+            found = self._claim_once(queue, n, lease, owner, end)
             pause = self.next_poll_wait(bool(found))
             if found or end is None:
                 return found
@@ -291,6 +290,30 @@ class Queue:
                 self._arrivals.wait_for(
                     functools.partial(self._committed_since, seen + 1), min(remaining, pause)
                 )
+
+    def _claim_once(
+        self,
+        queue: str | Sequence[str],
+        n: int,
+        lease: Delay,
+        owner: str | None,
+        end: float | None,
+    ) -> list[Delivery]:
+        """One claim, payloads loaded. If it finds nothing and there is time left before
+        ``end``, a second one waits at the broker for jobs when there is one. (The first goes
+        with this process's other operations, its acks say, in one request.)"""
+        found = self.then_fill(self.submit_claim(queue, n, lease=lease, owner=owner)).result()
+        left = 0.0 if end is None else end - time.monotonic()
+        if found or left <= 0:
+            return found
+        names = [queue] if isinstance(queue, str) else list(queue)
+        op = ops.claim(names, n, lease=lease, owner=owner or self.owner)
+        jobs = self.committer.claim_waiting(op, left)
+        if jobs is None:
+            return found
+        claimed: Future[list[Delivery]] = Future()
+        claimed.set_result(ops.deliveries(jobs))
+        return self.then_fill(claimed).result()
 
     def ack(self, delivery: Delivery, *, wait: bool = True) -> None:
         """Finish a delivery. Raises :class:`LeaseLost` if its lease was lost (when waiting)."""

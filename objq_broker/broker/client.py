@@ -21,6 +21,7 @@ import grpc
 from objq_broker.broker import wire
 from objq_broker.broker.server import (
     APPLY_METHOD,
+    CLAIM_METHOD,
     GRPC_OPTIONS,
     HELLO_METHOD,
     TOKEN_METADATA,
@@ -54,6 +55,7 @@ class BrokerLink:
         self._apply: Any = self._channel.unary_unary(APPLY_METHOD)
         self._hello: Any = self._channel.unary_unary(HELLO_METHOD)
         self._watch: Any = self._channel.unary_stream(WATCH_METHOD)
+        self._claim: Any = self._channel.unary_unary(CLAIM_METHOD)
         self._streams: list[Any] = []
         self._lock = threading.Lock()
 
@@ -67,6 +69,19 @@ class BrokerLink:
                 wire.encode_request(session), timeout=timeout, metadata=self._metadata
             )
         except grpc.RpcError as exc:
+            raise self._error(exc, timeout) from None
+        return wire.decode_response(response, session.ops)
+
+    def claim(self, session: Session, wait_seconds: float, timeout: float) -> Outcomes | None:
+        """Send ``session`` (one claim) to wait at the broker up to ``wait_seconds`` for jobs;
+        its outcome once it took some, was refused, or the wait is over. None from a broker
+        too old to take waiting claims (nothing was applied)."""
+        request = wire.encode_claim(session, wait_seconds)
+        try:
+            response = self._claim(request, timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            if getattr(exc, "code", lambda: None)() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
             raise self._error(exc, timeout) from None
         return wire.decode_response(response, session.ops)
 

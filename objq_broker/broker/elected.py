@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -34,10 +35,12 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from objq_broker.broker import wire
 from objq_broker.broker.client import BrokerLink
+from objq_broker.broker.parking import LANE_STRIDE
 from objq_broker.broker.server import BrokerServer, require_token
 from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.bodies import BodyCache
@@ -53,6 +56,7 @@ from objq_broker.errors import (
     WriterFenced,
 )
 from objq_broker.model.ops import (
+    Claim,
     Nothing,
     Op,
     Outcomes,
@@ -60,7 +64,7 @@ from objq_broker.model.ops import (
     Session,
     TakeBroker,
 )
-from objq_broker.model.records import BrokerRecord
+from objq_broker.model.records import BrokerRecord, Job
 from objq_broker.storage.base import ObjectStore
 
 T = TypeVar("T")
@@ -68,6 +72,8 @@ log = logging.getLogger("objq_broker.broker")
 
 #: Most operations one session carries.
 MAX_SESSION_OPS = 5000
+#: Longest wait for a session to fill (see ``ElectedCommitter._linger``).
+SESSION_LINGER_MAX_SECONDS = 0.005
 #: Pause between looks while the broker is unreachable (hello, then the record).
 RETRY_PAUSE_SECONDS = 0.25
 #: How long a read of the broker record is trusted while no broker can be reached.
@@ -109,6 +115,12 @@ class ElectedCommitter:
         self._thread: threading.Thread | None = None
         self._listeners: list[Callable[[], None]] = []
         self._seq = 0
+        self._lanes: list[_Lane] = []  # lanes of waiting claims not in use
+        self._lane_ids = itertools.count(1)
+        self._in_flight = 0  # operations in the session being sent
+        self._callers = 0  # most operations pending or in flight since the last session left
+        self._expected = 0  # ... as of the last round trip: how many the next session waits for
+        self._round_trip = 0.0  # of the last session
         self._leader: Engine | None = None
         self._server: BrokerServer | None = None
         self._direct: Engine | None = None
@@ -140,6 +152,12 @@ class ElectedCommitter:
         return self._record
 
     @property
+    def parked_claims(self) -> int:
+        """Claims waiting for jobs at this process, when it is the broker (0 otherwise)."""
+        server = self._server
+        return 0 if server is None else len(server.park)
+
+    @property
     def leader_engine(self) -> Engine | None:
         return self._leader
 
@@ -161,6 +179,11 @@ class ElectedCommitter:
             total.commit_seconds_total += counts.commit_seconds_total
         return total
 
+    @property
+    def _patience(self) -> float:
+        """How long a call waits on the broker before asking whether it is still there."""
+        return max(self.settings.takeover_seconds, 1.0)
+
     # --- the Committer interface -----------------------------------------------------------
 
     def submit(self, op: Op[T]) -> Future[T]:
@@ -169,6 +192,7 @@ class ElectedCommitter:
             if self._closing:
                 raise QueueClosed(f"the queue for {self.store.url} is closed")
             self._pending.append((op, future))
+            self._callers = max(self._callers, len(self._pending) + self._in_flight)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"objq-elected {self.store.url}", daemon=True
@@ -176,6 +200,62 @@ class ElectedCommitter:
                 self._thread.start()
             self._cv.notify()
         return future
+
+    def claim_waiting(self, claim: Claim, wait_seconds: float) -> list[Job] | None:
+        """Claim, waiting up to ``wait_seconds`` at the broker for jobs if none are ready
+        (:mod:`objq_broker.broker.parking`). With no broker to wait at (commits are direct) it
+        claims once. None when it claimed nothing because the broker predates waiting claims:
+        the caller claims the usual way.
+
+        The claim travels as a session of a lane of this client (one waiting claim at a
+        time each), so after a lost broker the same session goes to the next one and is
+        answered from the state, never applied twice."""
+        with self._cv:
+            if self._closing:
+                raise QueueClosed(f"the queue for {self.store.url} is closed")
+            lane = self._lanes.pop() if self._lanes else self._new_lane()
+            lane.seq += LANE_STRIDE
+        session = Session(lane.client, lane.seq, [claim])
+        end = time.monotonic() + wait_seconds
+        give_up = end + self.commit_deadline_seconds
+        try:
+            while (outcomes := self._claim_once(session, end)) is None:
+                if time.monotonic() >= give_up:
+                    raise BrokerUnreachable(
+                        f"{self.store.url}: no broker took the claim within "
+                        f"{self.commit_deadline_seconds:g} s; last error: {self._last_error}"
+                    )
+                self.submit(Nothing()).result()  # the sender finds the route (fails over)
+        finally:
+            with self._cv:
+                self._lanes.append(lane)
+        if outcomes is _OLDER_BROKER:
+            return None
+        ok, value = outcomes[0]
+        if not ok:
+            raise value
+        found: list[Job] = value
+        return found
+
+    def _claim_once(self, session: Session, end: float) -> Outcomes | None:
+        """One try of a waiting claim on the current route; None when there is none (or it
+        failed): the sender thread must find one first."""
+        left = max(end - time.monotonic(), 0.0)
+        server, leader, link, direct = self._server, self._leader, self._link, self._direct
+        try:
+            if server is not None and leader is not None and leader.fenced is None:
+                return server.park.claim(session, left)
+            if link is not None and self._unreachable_since is None:
+                return link.claim(session, left, left + self._patience) or _OLDER_BROKER
+        except (BrokerUnreachable, WriterFenced) as exc:
+            log.info("waiting claim at %s failed, sending it again: %s", link, exc)
+            return None
+        if direct is not None and self._used is direct:
+            return direct.submit(session).result()  # no broker to wait at
+        return None
+
+    def _new_lane(self) -> _Lane:
+        return _Lane(f"{self.client_id}.{next(self._lane_ids)}")
 
     def flush(self, timeout: float | None = None) -> None:
         with self._cv:
@@ -227,19 +307,26 @@ class ElectedCommitter:
                     self._cv.wait()
                 if not self._pending:
                     return
+                self._linger()
                 count = min(len(self._pending), MAX_SESSION_OPS)
                 batch = [self._pending.popleft() for _ in range(count)]
+                self._in_flight = self._expected = self._callers = count
             live = [(op, future) for op, future in batch if future.set_running_or_notify_cancel()]
             if not live:
                 continue
             self._seq += 1
             session = Session(self.client_id, self._seq, [op for op, _ in live])
+            sent_at = time.monotonic()
             try:
                 outcomes = self._commit(session)
             except Exception as exc:  # every op learns why; nothing hangs
                 outcomes = [(False, exc)] * len(live)
             self._sent.batches += 1
             self._sent.ops += len(live)
+            with self._cv:
+                self._in_flight = 0
+                self._expected = self._callers
+            self._round_trip = time.monotonic() - sent_at
             for (_, future), (ok, value) in zip(live, outcomes, strict=True):
                 with contextlib.suppress(InvalidStateError):
                     if ok:
@@ -247,6 +334,19 @@ class ElectedCommitter:
                     else:
                         future.set_exception(value)
             self._notify()
+
+    def _linger(self) -> None:
+        """Let a session fill before sending it (called holding ``_cv``). As many callers had
+        an operation pending or in flight during the last round trip; those it released are
+        still submitting their next ones, so wait (a fraction of a round trip at most) for
+        all of them: otherwise half the callers ride every other session. One caller never
+        waits."""
+        end = time.monotonic() + min(SESSION_LINGER_MAX_SECONDS, self._round_trip / 4)
+        while len(self._pending) < self._expected and not self._closing:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return
+            self._cv.wait(remaining)
 
     def _commit(self, session: Session) -> Outcomes:
         """Commit ``session`` by whichever route works, sending it again after a broker was
@@ -260,7 +360,7 @@ class ElectedCommitter:
                     # Past the takeover time, the next route asks the broker who it is: a
                     # slow broker answers and gets the same session again; a paused one is
                     # replaced, counting from when this request was sent.
-                    return target.apply(session, max(self.settings.takeover_seconds, 1.0))
+                    return target.apply(session, self._patience)
                 return target.submit(session).result()
             except WriterFenced as exc:  # that broker (maybe this process) was replaced
                 log.info("broker replaced: %s", exc)
@@ -461,6 +561,18 @@ class ElectedCommitter:
     def _notify(self) -> None:
         for listener in self._listeners:
             listener()
+
+
+@dataclass
+class _Lane:
+    """A client id for one waiting claim at a time, and the number of its last request."""
+
+    client: str
+    seq: int = 0
+
+
+#: What a waiting claim gets from a broker that does not take them.
+_OLDER_BROKER: Outcomes = []
 
 
 #: Committers still open. A process that exits without closing its queue (Celery's

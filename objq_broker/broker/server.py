@@ -10,8 +10,11 @@ Three methods under ``/objq.Broker/``:
   ``FAILED_PRECONDITION``: the client looks up the new one and sends the same session there.
 * ``Hello``: which broker this is (its id, namespace and epoch), so a client never mistakes
   another process on a reused port for its broker.
-* ``Watch``: a stream with one small message after each commit, so a client's claimers wait on
-  the broker instead of polling storage.
+* ``Claim``: a session holding one claim that may wait: the broker commits it, and while it
+  finds nothing parks it (:mod:`objq_broker.broker.parking`) and commits it again when jobs come
+  to its queues, up to the wait the request gives. Nobody polls, and one job wakes one claimer.
+* ``Watch``: a stream with one small message after each commit that made jobs claimable, for
+  claimers that wait on their own (an event loop's claim-ahead).
 
 A shared token (metadata ``objq-token``) is required for any address beyond loopback; it is
 compared in constant time and never logged. TLS is on when a certificate and key are given.
@@ -32,8 +35,10 @@ from typing import ParamSpec, TypeVar
 import grpc
 
 from objq_broker.broker import wire
+from objq_broker.broker.parking import ClaimPark
 from objq_broker.engine.commit import Engine
 from objq_broker.errors import ConfigurationError, ObjqError, WriterFenced
+from objq_broker.model.ops import Outcomes, Session
 
 log = logging.getLogger("objq_broker.broker")
 P = ParamSpec("P")
@@ -44,6 +49,7 @@ SERVICE = "objq.Broker"
 APPLY_METHOD = f"/{SERVICE}/Apply"
 HELLO_METHOD = f"/{SERVICE}/Hello"
 WATCH_METHOD = f"/{SERVICE}/Watch"
+CLAIM_METHOD = f"/{SERVICE}/Claim"
 #: Metadata key that carries the shared token.
 TOKEN_METADATA = "objq-token"
 #: Threads answering calls: each waits for its batch's commit, or holds one watch stream.
@@ -113,6 +119,8 @@ class BrokerServer:
         self._changed = threading.Condition()
         self._stopping = False
         committer.on_commit(self._committed)
+        #: Claims waiting for jobs, this process's own included.
+        self.park = ClaimPark(committer, max_parked=max(worker_threads // 2, 1))
         self._threads = DaemonThreads(worker_threads, name="objq-broker")
         # grpc's stubs ask for a ThreadPoolExecutor; gRPC itself only calls submit().
         self._server = grpc.server(self._threads, options=GRPC_OPTIONS)  # type: ignore[arg-type]
@@ -122,6 +130,7 @@ class BrokerServer:
                 "Apply": grpc.unary_unary_rpc_method_handler(self._apply),
                 "Hello": grpc.unary_unary_rpc_method_handler(self._hello),
                 "Watch": grpc.unary_stream_rpc_method_handler(self._watch),
+                "Claim": grpc.unary_unary_rpc_method_handler(self._claim),
             },
         )
         self._server.add_generic_rpc_handlers((handler,))
@@ -148,6 +157,7 @@ class BrokerServer:
         with self._changed:
             self._stopping = True
             self._changed.notify_all()
+        self.park.close()
         self._server.stop(grace).wait()
         self._threads.shutdown(wait=False)
         if close_committer:
@@ -161,8 +171,24 @@ class BrokerServer:
             session = wire.decode_request(request)
         except ConfigurationError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return self._answer(lambda: self.committer.submit(session).result(), session, context)
+
+    def _claim(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self._authorize(context)
         try:
-            outcomes = self.committer.submit(session).result()
+            asked = wire.decode_claim(request)
+        except ConfigurationError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return self._answer(
+            lambda: self.park.claim(asked.session, asked.wait_seconds), asked.session, context
+        )
+
+    def _answer(
+        self, commit: Callable[[], Outcomes], session: Session, context: grpc.ServicerContext
+    ) -> bytes:
+        """The encoded outcomes of ``commit`` (of ``session``), or the call aborted with why."""
+        try:
+            outcomes = commit()
         except WriterFenced as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"objq broker fenced: {exc}")
         except ObjqError as exc:  # the whole batch failed (storage, closed): each op says so

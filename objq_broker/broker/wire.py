@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -51,6 +51,40 @@ def decode_request(data: bytes) -> ops.Session:
         decoded: ops.Session = _request_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise errors.ConfigurationError(f"broker request: {exc}") from None
+    return decoded
+
+
+#: Longest a claim may wait at the broker in one request (a client waiting longer asks again).
+MAX_CLAIM_WAIT_SECONDS = 60.0
+
+
+class WaitingClaim(msgspec.Struct, frozen=True):
+    """A claim that may wait at the broker: ``session`` holds one claim, which the broker
+    commits again as jobs come, for up to ``wait_seconds``."""
+
+    session: ops.Session
+    wait_seconds: Annotated[float, msgspec.Meta(ge=0, le=MAX_CLAIM_WAIT_SECONDS)]
+
+
+_claim_decoder = msgspec.json.Decoder(WaitingClaim)
+
+
+def encode_claim(session: ops.Session, wait_seconds: float) -> bytes:
+    return _encoder.encode(WaitingClaim(session, min(wait_seconds, MAX_CLAIM_WAIT_SECONDS)))
+
+
+def decode_claim(data: bytes) -> WaitingClaim:
+    """A waiting claim; :class:`~objq_broker.errors.ConfigurationError` if it is malformed
+    or its session holds anything but one claim."""
+    try:
+        decoded = _claim_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise errors.ConfigurationError(f"broker claim request: {exc}") from None
+    kinds = [type(op).__name__ for op in decoded.session.ops]
+    if kinds != ["Claim"]:
+        raise errors.ConfigurationError(
+            f"broker claim request: expected one Claim operation, found {kinds}"
+        )
     return decoded
 
 

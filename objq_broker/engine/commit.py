@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -54,7 +54,7 @@ from objq_broker.errors import (
 )
 from objq_broker.model.backoff import backoff_seconds
 from objq_broker.model.bodies import bodies_key, encode_bodies
-from objq_broker.model.ops import Nothing, Op
+from objq_broker.model.ops import Claim, Nothing, Op
 from objq_broker.model.records import (
     RECENT_COMMITS,
     ArchiveRecord,
@@ -92,6 +92,16 @@ CONFLICT_JITTER_SECONDS = 0.003
 ADAPTIVE_LINGER_MAX_SECONDS = 0.02
 #: Errors that no retry can fix: fail the batch at once.
 _FATAL = (StateCorrupt, AccessDenied, BucketNotFound, WriterFenced)
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """What the commits so far made claimable, per queue (:meth:`Engine.readiness`).
+    ``state`` changes when the state was read again: every count starts over then."""
+
+    state: int
+    readied: dict[str, int]
+    due: dict[str, float]  # when each queue's next timed job comes due (wall clock)
 
 
 @dataclass
@@ -203,7 +213,9 @@ class Engine:
         self._commit_listeners: list[Callable[[], None]] = []
         #: This batch's tries whose state write failed: any one of them may yet have landed.
         self._failed_tries: list[_Attempt] = []
-        self._last_batch_ops = 0
+        self._committing = 0  # ops in the batch being committed
+        self._callers = 0  # most ops pending or committing since the last batch was taken
+        self._expected = 0  # ... as of the last commit: how many the next batch waits for
         self._last_commit_seconds = 0.0
         self._idle_tick = idle_tick_seconds
         self._lost_against: str | None = None  # the version a conflicting write expected
@@ -227,6 +239,7 @@ class Engine:
             if self._closing:
                 raise QueueClosed(f"the engine for {self.store.url} is closed")
             self._pending.append(_Op(op, future, fresh or latest, latest, op.size, consumer))
+            self._callers = max(self._callers, len(self._pending) + self._committing)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"objq-writer {self.store.url}", daemon=True
@@ -238,6 +251,11 @@ class Engine:
     def call(self, op: Op[T]) -> T:
         """Submit ``op`` and wait until its effect is durable; return its result."""
         return self.submit(op).result()
+
+    def claim_waiting(self, claim: Claim, wait_seconds: float) -> list[Job] | None:
+        """None: an engine of its own has nobody to wait at; its caller claims and waits
+        for commits itself."""
+        return None
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until everything submitted so far is durable (or failed), and the objects
@@ -273,6 +291,17 @@ class Engine:
         again): what tells a broker its waiting claimers have something to look for."""
         state = self._state
         return (0, -1) if state is None else (id(state), state.readied)
+
+    def readiness(self, queues: Iterable[str]) -> Readiness:
+        """How many jobs each of ``queues`` has had made claimable, and when the next timed
+        one comes due. Call it only from a commit listener: the engine's thread, between
+        commits, when the state holds still."""
+        state = self._state
+        if state is None:
+            return Readiness(0, {}, {})
+        counts = {name: state.readied_in.get(name, 0) for name in queues}
+        due = {name: at for name in counts if (at := state.next_visible(name)) is not None}
+        return Readiness(id(state), counts, due)
 
     @property
     def fenced(self) -> WriterFenced | None:
@@ -310,25 +339,28 @@ class Engine:
                     break
                 batch.append(self._pending.popleft())
                 size += op.size
+            self._committing = self._callers = len(batch)
             return batch
 
     def _linger(self) -> None:
         """Let a batch fill before committing it (called holding ``_cv``).
 
         With ``linger_seconds`` set, always wait that long (or for a full batch). Otherwise
-        adapt: when the last batch was large but few ops wait now, the callers it released are
-        still submitting their next ops; wait (a fraction of a commit at most) for as many, so 50
-        threads make batches of ~50, not 48 then 2.
+        adapt: as many ops were pending or committing at once during the last commit; the
+        callers it released are still submitting their next ones, so wait (a fraction of a
+        commit at most) for all of them. 50 threads make batches of ~50, not 48 then 2, and
+        clients whose sessions arrive staggered (a broker's) share one commit instead of
+        taking turns. One caller never waits.
         """
         if self._closing:
             return
         if self.linger_seconds > 0:
             target, span = self.max_batch_ops, self.linger_seconds
         else:
-            target = self._last_batch_ops
+            target = self._expected
             if len(self._pending) >= target:
                 return
-            span = min(ADAPTIVE_LINGER_MAX_SECONDS, self._last_commit_seconds / 4)
+            span = min(ADAPTIVE_LINGER_MAX_SECONDS, self._last_commit_seconds / 1)
         end = time.monotonic() + span
         while len(self._pending) < target and not self._closing:
             remaining = end - time.monotonic()
@@ -355,7 +387,9 @@ class Engine:
             self.metrics.ops += len(batch)
             self.metrics.max_batch_ops = max(self.metrics.max_batch_ops, len(batch))
             self._last_commit_seconds = time.monotonic() - started
-            self._last_batch_ops = len(batch)
+            with self._cv:
+                self._committing = 0
+                self._expected = self._callers
             self.metrics.commit_seconds_total += self._last_commit_seconds
             for listener in self._commit_listeners:
                 listener()

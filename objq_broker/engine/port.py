@@ -16,7 +16,8 @@ from typing import Protocol, TypeVar
 
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.commit import EngineMetrics
-from objq_broker.model.ops import Op
+from objq_broker.model.ops import Claim, Op
+from objq_broker.model.records import Job
 
 T = TypeVar("T")
 
@@ -37,6 +38,13 @@ class Committer(Protocol):
     def submit(self, op: Op[T]) -> Future[T]:
         """Queue ``op`` for a commit. Raises :class:`~objq_broker.errors.QueueClosed` once
         closed. The future holds the result, or the error that refused this op alone."""
+        ...
+
+    def claim_waiting(self, claim: Claim, wait_seconds: float) -> list[Job] | None:
+        """Commit ``claim`` and, while it finds nothing, let it wait up to ``wait_seconds``
+        where the commits happen (a broker), so one new job wakes one claimer and nobody
+        polls. Blocks the caller. None if this committer cannot: the caller submits the claim
+        and waits for commits itself."""
         ...
 
     def flush(self, timeout: float | None = None) -> None:

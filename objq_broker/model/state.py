@@ -161,6 +161,8 @@ class QueueState:
         #: Jobs made claimable since this state was built (enqueued, released, expired, due):
         #: a broker wakes waiting claimers only when it moves, not after every ack.
         self.readied = 0
+        #: The same, per queue: a broker wakes as many claimers parked on a queue as it got.
+        self.readied_in: dict[str, int] = {}
         #: Jobs enqueued since the last commit whose bodies are to leave the state.
         self.new_bodies: list[Job] = []
         #: Bodies objects no job refers to any more: delete them once the commit landed.
@@ -185,6 +187,7 @@ class QueueState:
 
     def _push_ready(self, job: Job) -> None:
         self.readied += 1
+        self.readied_in[job.queue] = self.readied_in.get(job.queue, 0) + 1
         self._stale.add(job.id)
         entry: _ReadyEntry = (job.priority, job.seq, job.id)
         self._entry[job.id] = entry
@@ -203,6 +206,15 @@ class QueueState:
         members = self._members.get(job.queue)
         if members is not None:
             members.discard(job.id)
+
+    def next_visible(self, queue: str) -> float | None:
+        """When the next timed job of ``queue`` (delayed, backing off or leased) becomes
+        claimable; None if it has none. Superseded entries at the top are dropped on the way,
+        so a parked claimer is never woken again and again for a job that moved."""
+        heap = self._timed.get(queue)
+        while heap and self._entry.get(heap[0][2]) != heap[0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def _due(self, queue: str, now: float) -> list[Job]:
         """Pop every timed job of ``queue`` whose ``visible_at`` has come."""

@@ -1,0 +1,187 @@
+"""Claims wait at the broker: one new job wakes one parked claimer, delayed jobs and expired
+leases wake them when due, nobody polls while they wait, and a claim sent again after a lost
+answer is answered, never applied twice. Real engines; real gRPC between queues of one store."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import pytest
+
+from objq_broker import Queue, ops
+from objq_broker.broker import wire
+from objq_broker.broker.client import BrokerLink
+from objq_broker.broker.elected import ElectedCommitter
+from objq_broker.broker.parking import LANE_STRIDE, ClaimPark
+from objq_broker.broker.server import SERVICE
+from objq_broker.engine import Engine
+from objq_broker.errors import ConfigurationError
+from objq_broker.model.ops import Session
+from objq_broker.storage import MemoryStore
+from tests.support.waiting import wait_for
+
+CLAIMERS = 4
+
+
+@pytest.fixture
+def fleet() -> Iterator[tuple[Queue, list[Queue]]]:
+    """A broker (the first queue to commit) and ``CLAIMERS`` queues that follow it."""
+    store = MemoryStore()
+    leader = Queue(store=store, broker="auto")
+    leader.declare("q")
+    followers = [Queue(store=store, broker="auto") for _ in range(CLAIMERS)]
+    for follower in followers:
+        follower.stats("q")  # found the broker
+    yield leader, followers
+    for queue in [*followers, leader]:
+        queue.close()
+
+
+def committer(queue: Queue) -> ElectedCommitter:
+    assert isinstance(queue.committer, ElectedCommitter)
+    return queue.committer
+
+
+def start_claimers(
+    followers: list[Queue], timeout: float, got: list[tuple[int, str]]
+) -> list[threading.Thread]:
+    def claim(index: int, queue: Queue) -> None:
+        for delivery in queue.claim("q", timeout=timeout):
+            got.append((index, delivery.job.id))
+            queue.ack(delivery)
+
+    threads = [
+        threading.Thread(target=claim, args=(i, q), daemon=True) for i, q in enumerate(followers)
+    ]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def test_one_job_wakes_one_parked_claimer_and_nobody_polls(
+    fleet: tuple[Queue, list[Queue]],
+) -> None:
+    leader, followers = fleet
+    broker = committer(leader)
+    assert broker.role == "leader" and broker.leader_engine is not None
+    got: list[tuple[int, str]] = []
+    threads = start_claimers(followers, 20.0, got)
+    wait_for(lambda: broker.parked_claims == CLAIMERS, 10, "every claimer parked")
+    before = dataclasses.replace(broker.leader_engine.metrics)  # a copy: it counts on
+    time.sleep(1.0)
+    after = broker.leader_engine.metrics
+    assert after.ops == before.ops, "claims were sent again while everyone waited"
+    assert (after.state_reads, after.state_writes) == (before.state_reads, before.state_writes)
+
+    ops_before = broker.leader_engine.metrics.ops
+    first = leader.enqueue("q", b"one")
+    wait_for(lambda: len(got) == 1, 5, "the job reached a parked claimer")
+    time.sleep(0.5)
+    assert [job for _, job in got] == [first.id]
+    assert broker.parked_claims == CLAIMERS - 1, "the others stay parked"
+    # The enqueue, the woken claim (and its ack): not one claim per waiting claimer.
+    assert broker.leader_engine.metrics.ops - ops_before <= 3
+
+    rest = [leader.enqueue("q", f"job {i}".encode()).id for i in range(CLAIMERS - 1)]
+    for thread in threads:
+        thread.join(10)
+    assert sorted(job for _, job in got) == sorted([first.id, *rest])
+    assert len({index for index, _ in got}) == CLAIMERS, "each claimer took one job"
+    assert leader.stats("q").ready == 0
+
+
+def test_a_parked_claim_wakes_when_a_delayed_job_comes_due(
+    fleet: tuple[Queue, list[Queue]],
+) -> None:
+    leader, followers = fleet
+    leader.enqueue("q", b"later", delay=0.8)
+    started = time.monotonic()
+    found = followers[0].claim("q", timeout=10)
+    waited = time.monotonic() - started
+    assert [d.payload for d in found] == [b"later"]
+    assert 0.6 < waited < 3.0, f"took {waited:.2f} s for a job due in 0.8 s"
+
+
+def test_a_parked_claim_takes_a_job_whose_lease_ran_out(fleet: tuple[Queue, list[Queue]]) -> None:
+    leader, followers = fleet
+    leader.enqueue("q", b"dropped")
+    (held,) = followers[0].claim("q", lease=0.8)
+    started = time.monotonic()
+    found = followers[1].claim("q", timeout=10)
+    assert time.monotonic() - started < 3.0
+    assert [(d.job.id, d.job.attempts) for d in found] == [(held.job.id, 2)]
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    engine = Engine(MemoryStore())
+    engine.submit(ops.declare("q", {})).result()
+    yield engine
+    engine.close()
+
+
+def claim_session(client: str, n: int = 1) -> Session:
+    return Session(client, LANE_STRIDE, [ops.claim(["q"], n, owner="test")])
+
+
+def test_a_claim_sent_again_is_answered_not_applied_again(engine: Engine) -> None:
+    first, second = engine.submit(ops.enqueue("q", [b"a", b"b"])).result()
+    park = ClaimPark(engine)
+    session = claim_session("lane-1")
+    ((ok, taken),) = park.claim(session, 0.0)
+    assert ok and [job.id for job in taken] == [first.id]
+    # The answer was lost; the client sends the same session (to the next broker).
+    ((ok, again),) = park.claim(session, 0.0)
+    assert ok and [job.id for job in again] == [first.id]
+    assert engine.submit(ops.stats(["q"])).result()[0].ready == 1  # b is still there
+    assert second.id not in {job.id for job in again}
+
+
+def test_a_full_park_answers_at_once_and_close_wakes_the_parked(engine: Engine) -> None:
+    park = ClaimPark(engine, max_parked=1)
+    results: list[Any] = []
+    parked = threading.Thread(
+        target=lambda: results.append(park.claim(claim_session("lane-1"), 30.0))
+    )
+    parked.start()
+    wait_for(lambda: len(park) == 1, 5, "the first claim parked")
+    started = time.monotonic()
+    assert park.claim(claim_session("lane-2"), 30.0) == [(True, [])]
+    assert time.monotonic() - started < 1.0, "no room: it must not wait"
+    park.close()
+    parked.join(2)
+    assert not parked.is_alive() and results == [[(True, [])]]
+
+
+def test_a_waiting_claim_must_hold_one_claim() -> None:
+    bad = wire._encoder.encode(
+        wire.WaitingClaim(Session("c", 1, [ops.purge("q")]), wait_seconds=1.0)
+    )
+    with pytest.raises(
+        ConfigurationError, match=r"expected one Claim operation, found \['Purge'\]"
+    ):
+        wire.decode_claim(bad)
+    with pytest.raises(ConfigurationError, match="wait_seconds"):
+        wire.decode_claim(b'{"session": {"client": "c", "seq": 1, "ops": []}, "wait_seconds": -1}')
+
+
+def test_a_broker_without_waiting_claims_is_told_apart_from_a_dead_one() -> None:
+    server = grpc.server(ThreadPoolExecutor(2))
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE, {"Hello": grpc.unary_unary_rpc_method_handler(lambda request, context: b"{}")}
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    link = BrokerLink(f"127.0.0.1:{port}")
+    try:
+        assert link.claim(claim_session("lane-1"), 1.0, 5.0) is None
+    finally:
+        link.close()
+        server.stop(0)
