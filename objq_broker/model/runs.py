@@ -1,0 +1,140 @@
+"""Runs: a queue's backlog kept out of the state's head, in objects that never change.
+
+This is the first part of the segmented state (``docs/segments.md``); nothing writes runs yet.
+
+A run is written create-only before the commit that refers to it. A *ready* run holds jobs that
+were claimable when it was written, sorted by (priority, seq); a *timed* run holds delayed or
+backing-off jobs, sorted by (visible_at, seq). Either is only ever consumed from its front (a
+claimed job moves into the head), so the head keeps for each run a :class:`RunRef`: its key, its
+count, how many were taken, and the order key of the next job. :class:`RunMerge` gives the
+claim order across a queue's ready runs, so priorities and FIFO within a priority hold across
+runs as they do within the head.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import msgspec
+
+from objq_broker.errors import StateCorrupt
+from objq_broker.model.records import Job
+
+#: The run object format this code reads and writes.
+RUN_FORMAT = 1
+#: Ready runs are claimed in (priority, seq) order; timed runs come due in (visible_at, seq).
+RunKind = Literal["ready", "timed"]
+#: A job's place in its run: (priority, seq) or (visible_at, seq).
+OrderKey = tuple[float, int]
+
+
+class RunDoc(msgspec.Struct, kw_only=True):
+    """A run as stored. ``format`` has no default, so it is always written."""
+
+    format: int
+    queue: str
+    kind: RunKind
+    jobs: list[Job]
+
+
+class RunRef(msgspec.Struct, kw_only=True, array_like=True):
+    """A run as the head refers to it: ``taken`` jobs of ``count`` are gone from its front,
+    and ``next`` is the order key of the first one left."""
+
+    key: str
+    kind: RunKind
+    count: int
+    taken: int
+    next: OrderKey
+
+    @property
+    def remaining(self) -> int:
+        return self.count - self.taken
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(RunDoc)
+
+
+def order_key(kind: RunKind, job: Job) -> OrderKey:
+    """Where ``job`` sorts in a run of ``kind``."""
+    return (job.priority, job.seq) if kind == "ready" else (job.visible_at, job.seq)
+
+
+def build_run(key: str, queue: str, kind: RunKind, jobs: Sequence[Job]) -> tuple[RunRef, bytes]:
+    """The reference and the stored bytes of a new run of ``jobs`` (sorted here)."""
+    if not jobs:
+        raise ValueError(f"run {key}: expected at least one job, found none")
+    for job in jobs:
+        if job.queue != queue or job.lease is not None:
+            raise ValueError(
+                f"run {key}: expected unleased jobs of queue {queue!r}, found job {job.id} "
+                f"of {job.queue!r}" + (" under a lease" if job.lease is not None else "")
+            )
+    ordered = sorted(jobs, key=lambda job: order_key(kind, job))
+    data = _encoder.encode(RunDoc(format=RUN_FORMAT, queue=queue, kind=kind, jobs=ordered))
+    ref = RunRef(key=key, kind=kind, count=len(ordered), taken=0, next=order_key(kind, ordered[0]))
+    return ref, data
+
+
+def decode_run(ref: RunRef, queue: str, data: bytes) -> list[Job]:
+    """The jobs of the run ``ref`` refers to, checked against it; :class:`StateCorrupt` saying
+    what was expected and what was found otherwise (a run is never rewritten)."""
+    try:
+        doc = _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise StateCorrupt(
+            f"run {ref.key}: expected a run object of format {RUN_FORMAT}, found "
+            f"{len(data)} bytes that do not decode as one ({exc})"
+        ) from exc
+    expected = (RUN_FORMAT, queue, ref.kind, ref.count)
+    found = (doc.format, doc.queue, doc.kind, len(doc.jobs))
+    if found != expected:
+        raise StateCorrupt(
+            f"run {ref.key}: expected (format, queue, kind, jobs) {expected!r}, found {found!r}"
+        )
+    keys = [order_key(doc.kind, job) for job in doc.jobs]
+    if keys != sorted(keys) or any(job.queue != queue for job in doc.jobs):
+        raise StateCorrupt(f"run {ref.key}: expected jobs of {queue!r} in order, found otherwise")
+    return doc.jobs
+
+
+class RunMerge:
+    """The claim order across one queue's ready runs: a heap of each run's next job.
+
+    Taking a job needs its run's contents (read from storage by the engine beforehand:
+    :meth:`needed` says which). ``refs`` are updated in place as jobs are taken.
+    """
+
+    def __init__(self, refs: Sequence[RunRef]) -> None:
+        self.refs = [ref for ref in refs if ref.kind == "ready"]
+        self._heap = [(ref.next, index) for index, ref in enumerate(self.refs) if ref.remaining]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return sum(ref.remaining for ref in self.refs)
+
+    def best(self) -> OrderKey | None:
+        """The order key of the best job left in any run."""
+        return self._heap[0][0] if self._heap else None
+
+    def needed(self, n: int) -> list[str]:
+        """The runs that taking ``n`` jobs could touch: a run is reached only after every run
+        whose next job sorts before its own, so at most the ``n`` best by next job."""
+        return [self.refs[index].key for _, index in heapq.nsmallest(n, self._heap)]
+
+    def take(self, contents: Mapping[str, list[Job]]) -> Job:
+        """Take the best job left (the caller checked :meth:`best`); its run moves on."""
+        _, index = heapq.heappop(self._heap)
+        ref = self.refs[index]
+        jobs = contents.get(ref.key)
+        if jobs is None:
+            raise KeyError(f"run {ref.key} was not read before the claim that needs it")
+        job = msgspec.structs.replace(jobs[ref.taken])
+        ref.taken += 1
+        if ref.remaining:
+            ref.next = order_key("ready", jobs[ref.taken])
+            heapq.heappush(self._heap, (ref.next, index))
+        return job
