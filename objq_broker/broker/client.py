@@ -79,6 +79,8 @@ class BrokerLink:
         request = wire.encode_claim(session, wait_seconds)
         try:
             response = self._claim(request, timeout=timeout, metadata=self._metadata)
+        except ValueError as exc:  # the channel was closed meanwhile: this link is done
+            raise BrokerUnreachable(f"broker {self.address}: {exc}") from None
         except grpc.RpcError as exc:
             if getattr(exc, "code", lambda: None)() == grpc.StatusCode.UNIMPLEMENTED:
                 return None
@@ -95,7 +97,10 @@ class BrokerLink:
     def watch(self, notice: Callable[[], None]) -> None:
         """Call ``notice`` after each of the broker's commits until the stream ends (the
         broker stopped, or :meth:`close`); raises what ended it otherwise."""
-        stream = self._watch(b"", metadata=self._metadata)
+        try:
+            stream = self._watch(b"", metadata=self._metadata)
+        except ValueError:  # the channel was closed meanwhile: nothing more to watch
+            return
         with self._lock:
             self._streams.append(stream)
         try:

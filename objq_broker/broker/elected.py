@@ -203,9 +203,9 @@ class ElectedCommitter:
 
     def claim_waiting(self, claim: Claim, wait_seconds: float) -> list[Job] | None:
         """Claim, waiting up to ``wait_seconds`` at the broker for jobs if none are ready
-        (:mod:`objq_broker.broker.parking`). With no broker to wait at (commits are direct) it
-        claims once. None when it claimed nothing because the broker predates waiting claims:
-        the caller claims the usual way.
+        (:mod:`objq_broker.broker.parking`). None, having claimed nothing, when there is no
+        broker to wait at (commits are direct, or the broker predates waiting claims): the
+        caller waits its own way.
 
         The claim travels as a session of a lane of this client (one waiting claim at a
         time each), so after a lost broker the same session goes to the next one and is
@@ -229,7 +229,7 @@ class ElectedCommitter:
         finally:
             with self._cv:
                 self._lanes.append(lane)
-        if outcomes is _OLDER_BROKER:
+        if outcomes is _CANNOT_WAIT:
             return None
         ok, value = outcomes[0]
         if not ok:
@@ -238,20 +238,25 @@ class ElectedCommitter:
         return found
 
     def _claim_once(self, session: Session, end: float) -> Outcomes | None:
-        """One try of a waiting claim on the current route; None when there is none (or it
-        failed): the sender thread must find one first."""
+        """One try of a waiting claim on the current route; None when there is none, or it
+        failed (the sender thread must find one first); :data:`_CANNOT_WAIT` when the route
+        takes no waiting claims."""
         left = max(end - time.monotonic(), 0.0)
-        server, leader, link, direct = self._server, self._leader, self._link, self._direct
+        server, leader, link = self._server, self._leader, self._link
         try:
             if server is not None and leader is not None and leader.fenced is None:
                 return server.park.claim(session, left)
             if link is not None and self._unreachable_since is None:
-                return link.claim(session, left, left + self._patience) or _OLDER_BROKER
+                return link.claim(session, left, left + self._patience) or _CANNOT_WAIT
         except (BrokerUnreachable, WriterFenced) as exc:
             log.info("waiting claim at %s failed, sending it again: %s", link, exc)
             return None
-        if direct is not None and self._used is direct:
-            return direct.submit(session).result()  # no broker to wait at
+        except QueueClosed:  # this process's broker engine, closed as it stepped down
+            if self._closing:
+                raise
+            return None
+        if self._used is not None and self._used is self._direct:
+            return _CANNOT_WAIT
         return None
 
     def _new_lane(self) -> _Lane:
@@ -571,8 +576,8 @@ class _Lane:
     seq: int = 0
 
 
-#: What a waiting claim gets from a broker that does not take them.
-_OLDER_BROKER: Outcomes = []
+#: What a waiting claim gets where it cannot wait: direct commits, or an older broker.
+_CANNOT_WAIT: Outcomes = []
 
 
 #: Committers still open. A process that exits without closing its queue (Celery's

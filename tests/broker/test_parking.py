@@ -185,3 +185,12 @@ def test_a_broker_without_waiting_claims_is_told_apart_from_a_dead_one() -> None
     finally:
         link.close()
         server.stop(0)
+
+
+def test_with_no_broker_to_wait_at_a_waiting_claim_claims_nothing() -> None:
+    with Queue(store=MemoryStore(), broker="client") as queue:  # no broker: commits directly
+        queue.enqueue("q", b"left for the usual claim")
+        waiting = committer(queue).claim_waiting(ops.claim(["q"], 1, owner="test"), 0.5)
+        assert waiting is None
+        assert queue.stats("q").ready == 1
+        assert [d.payload for d in queue.claim("q", timeout=0.5)] == [b"left for the usual claim"]
