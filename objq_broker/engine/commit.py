@@ -26,6 +26,7 @@ Failure handling, in order of likelihood:
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -40,6 +41,7 @@ from typing import Any, TypeVar
 from objq_broker.engine.archive import archive_key
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.janitor import Janitor
+from objq_broker.engine.runs import read_runs
 from objq_broker.errors import (
     AccessDenied,
     BucketNotFound,
@@ -54,7 +56,7 @@ from objq_broker.errors import (
 )
 from objq_broker.model.backoff import backoff_seconds
 from objq_broker.model.bodies import bodies_key, encode_bodies
-from objq_broker.model.ops import Claim, Nothing, Op
+from objq_broker.model.ops import Claim, Nothing, Op, runs_needed
 from objq_broker.model.records import (
     RECENT_COMMITS,
     ArchiveRecord,
@@ -62,6 +64,7 @@ from objq_broker.model.records import (
     decode_state,
     encode_archive,
 )
+from objq_broker.model.runs import run_key
 from objq_broker.model.state import Finished, QueueState
 from objq_broker.storage.base import ObjectStore
 
@@ -174,6 +177,7 @@ class Engine:
         bodies: BodyCache | None = None,
         clock: Callable[[], float] = time.time,
         seed: int | None = None,
+        spill_at: int | None = None,
     ) -> None:
         if max_batch_ops < 1 or max_batch_bytes < 1:
             raise ConfigurationError(
@@ -195,6 +199,11 @@ class Engine:
         #: This engine is the namespace's only writer (a broker): its cached state is the
         #: stored one, so it reads only after a conflict, never to look for others' changes.
         self.exclusive = exclusive
+        #: Move a queue's ready jobs out of the head into a run past this many (None: never).
+        #: Part of the segmented state (``docs/segments.md``), off until all of it is built.
+        self.spill_at = spill_at
+        self._run_cache: dict[str, list[Job]] = {}  # runs read or written; they never change
+        self._runs_missing: list[str] | None = None  # runs found gone by the last try
         self.clock = clock
         self.metrics = EngineMetrics()
         #: Payload bodies kept out of the state, cached by bodies object.
@@ -510,11 +519,13 @@ class Engine:
                     f"writer's epoch {self.epoch}; this writer stops"
                 )
             state, version = QueueState(doc), blob.version
+        state.run_contents = self._run_cache
         self._state, self._version = state, version
         self._synced_at = time.monotonic()
         return state
 
     def _apply(self, state: QueueState, ops: list[_Op]) -> _Attempt | None:
+        self._read_runs(state, ops)
         now = self.clock()
         results: list[tuple[_Op, bool, Any]] = []
         for op in ops:
@@ -532,6 +543,19 @@ class Engine:
                 return None
         state.expire(now)
         return _Attempt(uuid.uuid4().hex, results, finished=list(state.finished))
+
+    def _read_runs(self, state: QueueState, ops: list[_Op]) -> None:
+        """Read the runs ``ops`` may take from or look into, so the model stays pure."""
+        needed = runs_needed(state, [op.op for op in ops])
+        missing = read_runs(self.store, state, needed) if needed else []
+        if not missing:
+            self._runs_missing = None
+            return
+        where = f"{self.store.url}: runs {', '.join(missing)}"
+        if missing == self._runs_missing:
+            raise StateCorrupt(f"{where}: expected as the state refers to them, found none")
+        self._runs_missing = missing
+        raise PreconditionFailed(f"{where} are gone: the state moved on; reading it again")
 
     def _write(self, state: QueueState, attempt: _Attempt) -> None:
         doc = state.doc
@@ -552,6 +576,7 @@ class Engine:
                 self._wrote(attempt, key, content)
                 self.bodies.remember(key, entries)
                 self.metrics.bodies_writes += 1
+        self._write_runs(state, attempt)
         if self.archive and attempt.finished:
             # Archive first: a job leaves the state only once its record is stored.
             content = [(f.outcome, f.job.id) for f in attempt.finished]
@@ -578,6 +603,21 @@ class Engine:
         for key in unused:
             self.bodies.forget(key)
         self._janitor.delete(unused, "unused bodies object")
+        consumed, state.unused_runs = state.unused_runs, []
+        for key in consumed:
+            self._run_cache.pop(key, None)
+        self._janitor.delete(consumed, "consumed run")
+
+    def _write_runs(self, state: QueueState, attempt: _Attempt) -> None:
+        """Spill (when on), and write the runs this commit made: before the head, which must
+        never refer to a run that is not stored. A try that did not land leaves them as
+        orphans, deleted once a later try lands."""
+        if self.spill_at is not None:
+            state.spill(self.spill_at, functools.partial(run_key, attempt.commit_id))
+        for key, data in state.new_runs:
+            self.store.write(key, data, if_absent=True)
+            self._wrote(attempt, key, ("run", key))
+        state.new_runs.clear()
 
     def _spare_holding(self, content: object) -> str | None:
         """The key of an object a failed try of this batch wrote with exactly ``content``."""

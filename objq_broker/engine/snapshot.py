@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.commit import STATE_KEY
+from objq_broker.engine.runs import read_runs
+from objq_broker.errors import StorageError
 from objq_broker.model.records import BrokerRecord, Job, JobState, QueueConfig, decode_state
 from objq_broker.model.state import QueueState, QueueStats
 from objq_broker.storage import ObjectStore
@@ -92,10 +94,21 @@ class Snapshot:
         self, queue: str, state: JobState | None = None, limit: int | None = None
     ) -> list[tuple[JobState, Job]]:
         """Jobs of ``queue`` in claim order (dead letters last), payloads not loaded."""
+        self._read_runs(queue)
         return self._state.list_jobs(queue, self.read_at, state, limit)
 
     def find(self, job_id: str) -> tuple[JobState, Job] | None:
+        self._read_runs(None)
         return self._state.find(job_id, self.read_at)
+
+    def _read_runs(self, queue: str | None) -> None:
+        """Read the runs of ``queue`` (of every queue when None) that listing needs."""
+        missing = read_runs(self.store, self._state, self._state.runs_of(queue))
+        if missing:
+            raise StorageError(
+                f"{self.store.url}: runs {', '.join(missing)} were consumed after the state was "
+                "read; read it again"
+            )
 
     def dead_letters(self, queue: str) -> list[Job]:
         return self._state.dead_letters(queue)

@@ -18,6 +18,7 @@ Build operations with the functions of :mod:`objq_broker.ops`, which check every
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 import msgspec
@@ -39,6 +40,7 @@ from objq_broker.model.records import (
     JobState,
     NackResult,
     QueueConfig,
+    RunRef,
 )
 from objq_broker.model.state import NewJob, QueueState, QueueStats, StagedBodies
 
@@ -464,3 +466,31 @@ def _outcome(run: Any, state: QueueState, now: float) -> tuple[bool, Any]:
         return True, run(state, now)
     except ObjqError as exc:  # transitions check before they change anything
         return False, exc
+
+
+def runs_needed(state: QueueState, ops: Sequence[Op[Any]]) -> list[tuple[str, RunRef]]:
+    """The runs (as (queue, ref)) that applying ``ops`` to ``state`` may read and that it has
+    not read yet: what the engine reads before applying a batch, so the model stays pure."""
+    wanted: dict[str, tuple[str, RunRef]] = {}
+    claims: dict[str, int] = {}
+    for op in _flat(ops):
+        if isinstance(op, Claim):
+            for name in op.queues:
+                claims[name] = claims.get(name, 0) + len(op.tokens)
+        elif isinstance(op, Purge | DeleteQueue | ListJobs):
+            wanted.update((ref.key, (q, ref)) for q, ref in state.runs_of(op.queue))
+        elif isinstance(op, FindJob):
+            wanted.update((ref.key, (q, ref)) for q, ref in state.runs_of())
+        elif isinstance(op, Enqueue):
+            for name in {item.queue for item in op.items if item.key is not None}:
+                wanted.update((ref.key, (q, ref)) for q, ref in state.runs_of(name))
+    for name, n in claims.items():
+        wanted.update((ref.key, (q, ref)) for q, ref in state.runs_to_claim(name, n))
+    return [pair for key, pair in wanted.items() if key not in state.run_contents]
+
+
+def _flat(ops: Sequence[Op[Any]]) -> list[Op[Any]]:
+    flat: list[Op[Any]] = []
+    for op in ops:
+        flat += op.ops if isinstance(op, Session) else [op]
+    return flat

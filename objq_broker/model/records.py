@@ -21,8 +21,12 @@ import msgspec
 from objq_broker.errors import StateCorrupt
 from objq_broker.model.checks import Attempts, PositiveSeconds
 
-#: The state format this code reads and writes; a different one is refused, never rewritten.
+#: The state format this code writes while no queue has runs (``docs/segments.md``); a state
+#: with runs is written as format 2, which older releases refuse rather than overwrite. Any
+#: other format is refused, never rewritten.
 FORMAT_VERSION = 1
+RUNS_FORMAT_VERSION = 2
+READABLE_FORMATS = (FORMAT_VERSION, RUNS_FORMAT_VERSION)
 #: How many commit ids the state remembers for resolving ambiguous writes.
 RECENT_COMMITS = 64
 #: How long the state remembers a broker client's last request (to apply a resent one once).
@@ -146,6 +150,29 @@ class SessionMark(msgspec.Struct, array_like=True):
     at: float
 
 
+#: Ready runs are claimed in (priority, seq) order; timed runs come due in (visible_at, seq).
+RunKind = Literal["ready", "timed"]
+#: A job's place in its run: (priority, seq) or (visible_at, seq).
+OrderKey = tuple[int | float, int]
+
+
+class RunRef(msgspec.Struct, kw_only=True, array_like=True):
+    """A run of a queue's backlog (:mod:`objq_broker.model.runs`) as the head refers to it:
+    ``taken`` jobs of ``count`` are gone from its front, ``next`` is the order key of the
+    first one left and ``oldest`` the earliest ``enqueued_at`` among those left."""
+
+    key: str
+    kind: RunKind
+    count: int
+    taken: int
+    next: OrderKey
+    oldest: float
+
+    @property
+    def remaining(self) -> int:
+        return self.count - self.taken
+
+
 class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The whole state of one namespace, as stored. ``format`` has no default, so it is
     always written, and a JSON object without it is not taken for an empty state."""
@@ -168,6 +195,8 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: Broker clients' last applied requests, by client id: a request sent again after its
     #: broker died is recognised and not applied twice.
     sessions: dict[str, SessionMark] = msgspec.field(default_factory=dict)
+    #: Each queue's backlog kept out of the head, in runs (format 2 only).
+    runs: dict[str, list[RunRef]] = msgspec.field(default_factory=dict)
 
 
 class ArchiveRecord(msgspec.Struct, omit_defaults=True):
@@ -193,14 +222,19 @@ def decode_state(data: bytes, where: str) -> StateDoc:
         doc = _state_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise StateCorrupt(_corrupt_message(where, _describe_format(data), str(exc))) from exc
-    if doc.format != FORMAT_VERSION:
+    if doc.format not in READABLE_FORMATS:
         raise StateCorrupt(_corrupt_message(where, f"format {doc.format!r}", "unknown format"))
+    if doc.runs and doc.format != RUNS_FORMAT_VERSION:
+        raise StateCorrupt(
+            _corrupt_message(where, f"format {doc.format} with runs", "runs need format 2")
+        )
     return doc
 
 
 def _corrupt_message(where: str, found: str, detail: str) -> str:
     return (
-        f"{where}: expected an objq state of format {FORMAT_VERSION}, found {found} ({detail}); "
+        f"{where}: expected an objq state of format {FORMAT_VERSION} or {RUNS_FORMAT_VERSION}, "
+        f"found {found} ({detail}); "
         "it will not be overwritten: restore it from a backup or move it aside"
     )
 
@@ -211,7 +245,7 @@ def _describe_format(data: bytes) -> str:
     except (msgspec.DecodeError, msgspec.ValidationError):
         return f"{len(data)} bytes that are not a JSON object (starting {data[:40]!r})"
     fmt = probe.get("format")
-    if fmt != FORMAT_VERSION:
+    if fmt not in READABLE_FORMATS:
         return f"format {fmt!r}"
     return "a document of the right format with invalid fields"
 

@@ -15,19 +15,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
 import msgspec
 
 from objq_broker.errors import StateCorrupt
-from objq_broker.model.records import Job
+from objq_broker.model.records import Job, OrderKey, RunKind, RunRef
 
 #: The run object format this code reads and writes.
 RUN_FORMAT = 1
-#: Ready runs are claimed in (priority, seq) order; timed runs come due in (visible_at, seq).
-RunKind = Literal["ready", "timed"]
-#: A job's place in its run: (priority, seq) or (visible_at, seq).
-OrderKey = tuple[float, int]
 
 
 class RunDoc(msgspec.Struct, kw_only=True):
@@ -39,23 +34,13 @@ class RunDoc(msgspec.Struct, kw_only=True):
     jobs: list[Job]
 
 
-class RunRef(msgspec.Struct, kw_only=True, array_like=True):
-    """A run as the head refers to it: ``taken`` jobs of ``count`` are gone from its front,
-    and ``next`` is the order key of the first one left."""
-
-    key: str
-    kind: RunKind
-    count: int
-    taken: int
-    next: OrderKey
-
-    @property
-    def remaining(self) -> int:
-        return self.count - self.taken
-
-
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(RunDoc)
+
+
+def run_key(commit_id: str, number: int) -> str:
+    """Where the ``number``-th run made by the commit ``commit_id`` is stored."""
+    return f"runs/{commit_id}-{number}.json"
 
 
 def order_key(kind: RunKind, job: Job) -> OrderKey:
@@ -75,7 +60,15 @@ def build_run(key: str, queue: str, kind: RunKind, jobs: Sequence[Job]) -> tuple
             )
     ordered = sorted(jobs, key=lambda job: order_key(kind, job))
     data = _encoder.encode(RunDoc(format=RUN_FORMAT, queue=queue, kind=kind, jobs=ordered))
-    ref = RunRef(key=key, kind=kind, count=len(ordered), taken=0, next=order_key(kind, ordered[0]))
+    oldest = min(job.enqueued_at for job in ordered)
+    ref = RunRef(
+        key=key,
+        kind=kind,
+        count=len(ordered),
+        taken=0,
+        next=order_key(kind, ordered[0]),
+        oldest=oldest,
+    )
     return ref, data
 
 
@@ -112,6 +105,7 @@ class RunMerge:
         self.refs = [ref for ref in refs if ref.kind == "ready"]
         self._heap = [(ref.next, index) for index, ref in enumerate(self.refs) if ref.remaining]
         heapq.heapify(self._heap)
+        self._oldest: dict[str, list[float]] = {}  # per run: earliest enqueued_at from i on
 
     def __len__(self) -> int:
         return sum(ref.remaining for ref in self.refs)
@@ -136,5 +130,21 @@ class RunMerge:
         ref.taken += 1
         if ref.remaining:
             ref.next = order_key("ready", jobs[ref.taken])
+            ref.oldest = self._oldest_from(ref.key, jobs)[ref.taken]
             heapq.heappush(self._heap, (ref.next, index))
         return job
+
+    def oldest(self) -> float | None:
+        """The earliest ``enqueued_at`` among the jobs left in every run."""
+        return min((ref.oldest for ref in self.refs if ref.remaining), default=None)
+
+    def _oldest_from(self, key: str, jobs: list[Job]) -> list[float]:
+        suffix = self._oldest.get(key)
+        if suffix is None:
+            suffix = [0.0] * len(jobs)
+            low = float("inf")
+            for i in range(len(jobs) - 1, -1, -1):
+                low = min(low, jobs[i].enqueued_at)
+                suffix[i] = low
+            self._oldest[key] = suffix
+        return suffix

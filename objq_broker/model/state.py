@@ -16,7 +16,7 @@ are invalidated lazily: ``_entry[job_id]`` holds the one entry that is current f
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -37,6 +37,7 @@ from objq_broker.model.checks import (
 )
 from objq_broker.model.records import (
     FORMAT_VERSION,
+    RUNS_FORMAT_VERSION,
     Job,
     JobState,
     KeyRecord,
@@ -44,10 +45,12 @@ from objq_broker.model.records import (
     NackResult,
     Outcome,
     QueueConfig,
+    RunRef,
     SessionMark,
     StateDoc,
     encode_state,
 )
+from objq_broker.model.runs import RunMerge, build_run
 
 _ReadyEntry = tuple[int, int, str]  # (priority, seq, job id)
 _TimedEntry = tuple[float, int, str]  # (visible_at, seq, job id)
@@ -173,6 +176,16 @@ class QueueState:
         self._stale: set[str] = set()
         #: No dead letter or idempotency key expires before this time (-inf: not yet known).
         self._sweep_at = float("-inf")
+        #: Each queue's ready runs (the backlog kept out of the head, ``docs/segments.md``).
+        self._runs = {queue: RunMerge(refs) for queue, refs in self.doc.runs.items()}
+        #: The jobs of runs read so far, by key: the engine's cache (runs never change). A
+        #: transition that needs a run finds it here; :func:`~objq_broker.model.ops.runs_needed`
+        #: says which ones a batch needs.
+        self.run_contents: dict[str, list[Job]] = {}
+        #: Runs :meth:`spill` made for this commit: written (create-only) before the head.
+        self.new_runs: list[tuple[str, bytes]] = []
+        #: Runs whose jobs are all gone: delete them once the commit landed.
+        self.unused_runs: list[str] = []
         for job in self.jobs.values():
             self._members.setdefault(job.queue, set()).add(job.id)
             self._push_timed(job)
@@ -286,9 +299,10 @@ class QueueState:
         for job in doomed:
             self._forget(job)
             self._drop_body(job)
-        if doomed:
+        count = len(doomed) + self._drop_runs(queue)
+        if count:
             self.dirty = True
-        return len(doomed)
+        return count
 
     def delete_queue(self, queue: str) -> int:
         """Remove ``queue``, its jobs and its dead letters; returns how many jobs went."""
@@ -300,12 +314,13 @@ class QueueState:
         dead = [i for i, job in self.dead.items() if job.queue == queue]
         for job_id in dead:
             self._drop_body(self.dead.pop(job_id))
+        in_runs = self._drop_runs(queue)
         del self.doc.queues[queue]
         self._members.pop(queue, None)
         self._ready.pop(queue, None)
         self._timed.pop(queue, None)
         self.dirty = True
-        return len(doomed) + len(dead)
+        return len(doomed) + len(dead) + in_runs
 
     # --- producing -------------------------------------------------------------------------
 
@@ -362,7 +377,11 @@ class QueueState:
         record = self.doc.keys.get(_key_slot(item.queue, item.key))
         if record is None or record.expires_at <= now:
             return None
-        live = self.jobs.get(record.job_id) or self.dead.get(record.job_id)
+        live = (
+            self.jobs.get(record.job_id)
+            or self.dead.get(record.job_id)
+            or self._in_runs(record.job_id, item.queue)
+        )
         if live is not None:
             return snapshot(live)
         # The first job already finished: report it by id, as it was asked for.
@@ -475,12 +494,20 @@ class QueueState:
         self._promote(queue, now)
         seconds = lease_seconds if lease_seconds is not None else config.lease_seconds
         heap = self._ready.get(queue, [])
+        runs = self._runs.get(queue)
         claimed: list[Job] = []
-        while heap and len(claimed) < len(tokens):
-            entry = heapq.heappop(heap)
-            if self._entry.get(entry[2]) != entry:
-                continue
-            job = self.jobs[entry[2]]
+        while len(claimed) < len(tokens):
+            top = self._ready_top(heap)
+            best = None if runs is None else runs.best()
+            if runs is not None and best is not None and (top is None or best < top[:2]):
+                job = runs.take(self.run_contents)
+                self.jobs[job.id] = job
+                self._members.setdefault(queue, set()).add(job.id)
+            elif top is not None:
+                heapq.heappop(heap)
+                job = self.jobs[top[2]]
+            else:
+                break
             job.attempts += 1
             job.started_at = now
             job.lease = Lease(tokens[len(claimed)], owner, now + seconds)
@@ -489,7 +516,88 @@ class QueueState:
             claimed.append(snapshot(job))
         if claimed:
             self.dirty = True
+        if runs is not None:
+            self._drop_taken_runs(queue)
         return claimed
+
+    def _ready_top(self, heap: list[_ReadyEntry]) -> _ReadyEntry | None:
+        """The best valid entry of a ready heap, superseded ones dropped on the way."""
+        while heap and self._entry.get(heap[0][2]) != heap[0]:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    # --- runs: the backlog out of the head -------------------------------------------------
+
+    def spill(self, bound: int, key_for: Callable[[int], str]) -> None:
+        """Move the ready jobs of each queue that has more than ``bound`` of them in the head
+        into a new run (keyed ``key_for(n)``), to be written before the head (:attr:`new_runs`).
+        Their bodies stay counted: the run refers to them as the head did."""
+        for queue in list(self._members):
+            # Only jobs already known ready: promoting here would also expire leases, which
+            # is ``expire``'s to do (and to report).
+            heap = self._ready.get(queue, [])
+            live = [entry for entry in heap if self._entry.get(entry[2]) == entry]
+            if len(live) <= bound:
+                continue
+            jobs = [self.jobs[entry[2]] for entry in sorted(live)]  # (priority, seq) order
+            key = key_for(len(self.new_runs))
+            ref, data = build_run(key, queue, "ready", jobs)
+            for job in jobs:
+                self._forget(job)
+            heap.clear()
+            self.doc.runs.setdefault(queue, []).append(ref)
+            self._runs[queue] = RunMerge(self.doc.runs[queue])
+            self.run_contents[key] = jobs
+            self.new_runs.append((key, data))
+            self.dirty = True
+
+    def runs_of(self, queue: str | None = None) -> list[tuple[str, RunRef]]:
+        """The runs of ``queue`` (of every queue when None) with jobs left, as (queue, ref)."""
+        names = list(self.doc.runs) if queue is None else [queue]
+        return [(q, r) for q in names for r in self.doc.runs.get(q, []) if r.remaining]
+
+    def runs_to_claim(self, queue: str, n: int) -> list[tuple[str, RunRef]]:
+        """The runs that claiming ``n`` jobs of ``queue`` could take from."""
+        runs = self._runs.get(queue)
+        if runs is None:
+            return []
+        wanted = set(runs.needed(n))
+        return [(queue, ref) for ref in runs.refs if ref.key in wanted]
+
+    def run_jobs(self, queue: str | None = None, *, read_only: bool = False) -> list[Job]:
+        """The jobs left in the runs of ``queue`` (every queue when None). Every run must have
+        been read, unless ``read_only`` (then those not read are skipped)."""
+        found: list[Job] = []
+        for _, ref in self.runs_of(queue):
+            jobs = self.run_contents.get(ref.key)
+            if jobs is None:
+                if read_only:
+                    continue
+                raise KeyError(f"run {ref.key} was not read before the operation that needs it")
+            found += jobs[ref.taken :]
+        return found
+
+    def _drop_taken_runs(self, queue: str) -> None:
+        refs = self.doc.runs.get(queue, [])
+        left = [ref for ref in refs if ref.remaining]
+        if len(left) == len(refs):
+            return
+        self.unused_runs += [ref.key for ref in refs if not ref.remaining]
+        if left:
+            self.doc.runs[queue] = left
+            self._runs[queue] = RunMerge(left)
+        else:
+            del self.doc.runs[queue]
+            del self._runs[queue]
+
+    def _drop_runs(self, queue: str) -> int:
+        """Remove every run of ``queue``; returns how many jobs they still held."""
+        doomed = self.run_jobs(queue)
+        for job in doomed:
+            self._drop_body(job)
+        self.unused_runs += [ref.key for ref in self.doc.runs.pop(queue, [])]
+        self._runs.pop(queue, None)
+        return len(doomed)
 
     def _held(self, job_id: str, token: str) -> Job:
         """The job ``token`` holds, or :class:`LeaseLost` saying why it does not."""
@@ -681,17 +789,32 @@ class QueueState:
             else:
                 ready += 1
                 oldest = job.enqueued_at if oldest is None else min(oldest, job.enqueued_at)
+        runs = self._runs.get(queue)
+        if runs is not None and len(runs):
+            ready += len(runs)
+            first = runs.oldest()
+            if first is not None:
+                oldest = first if oldest is None else min(oldest, first)
         dead = sum(1 for job in self.dead.values() if job.queue == queue)
         age = None if oldest is None else max(now - oldest, 0.0)
         return QueueStats(queue, ready, delayed, in_flight, dead, age)
 
     def find(self, job_id: str, now: float) -> tuple[JobState, Job] | None:
         """A job's state ('ready', 'delayed', 'in-flight' or 'dead') and a copy of it."""
-        job = self.jobs.get(job_id)
+        job = self.jobs.get(job_id) or self._in_runs(job_id)
         if job is not None:
             return job.state_at(now), snapshot(job)
         dead = self.dead.get(job_id)
         return None if dead is None else ("dead", snapshot(dead))
+
+    def _in_runs(self, job_id: str, queue: str | None = None) -> Job | None:
+        """The job ``job_id`` if it waits in a run (of ``queue``; any when None) that was read.
+        Lookups that must be exact (``FindJob``, an idempotency key) have their runs read
+        first (:func:`~objq_broker.model.ops.runs_needed`)."""
+        if not self.doc.runs:
+            return None
+        jobs = self.run_jobs(queue, read_only=True)
+        return next((job for job in jobs if job.id == job_id), None)
 
     def list_jobs(
         self, queue: str, now: float, state: JobState | None = None, limit: int | None = None
@@ -700,8 +823,9 @@ class QueueState:
         self.config(queue)
         rows: list[tuple[JobState, Job]] = []
         if state != "dead":
+            members = [self.jobs[i] for i in self._members.get(queue, ())]
             live = sorted(
-                (self.jobs[i] for i in self._members.get(queue, ())),
+                members + (self.run_jobs(queue) if queue in self.doc.runs else []),
                 key=lambda job: (job.visible_at > now, job.priority, job.seq),
             )
             rows = [(job.state_at(now), snapshot(job)) for job in live]
@@ -732,7 +856,7 @@ class QueueState:
         now, or as it was asked for when it has already finished."""
         found: list[Job] = []
         for item in items:
-            job = self.jobs.get(item.id) or self.dead.get(item.id)
+            job = self.jobs.get(item.id) or self.dead.get(item.id) or self._in_runs(item.id)
             keyed = self._existing_for_key(item, now)
             if job is not None:
                 found.append(snapshot(job))
@@ -805,6 +929,7 @@ class QueueState:
         return entries
 
     def to_doc(self) -> StateDoc:
+        self.doc.format = RUNS_FORMAT_VERSION if self.doc.runs else FORMAT_VERSION
         self.doc.jobs = list(self.jobs.values())
         self.doc.dead = list(self.dead.values())
         return self.doc
@@ -821,6 +946,7 @@ class QueueState:
                 raw[job_id] = msgspec.Raw(_job_encoder.encode(job))
         self._stale.clear()
         doc = self.doc
+        doc.format = RUNS_FORMAT_VERSION if doc.runs else FORMAT_VERSION
         # msgspec encodes what a field holds: Raw fragments splice in as they are, so a deep
         # queue costs a copy, not a Python loop. ``raw`` holds exactly the live jobs (in its own
         # order; the order of jobs in the document carries no meaning).

@@ -38,7 +38,7 @@ from hypothesis.stateful import (
 )
 
 from objq_broker.errors import JobNotFound, LeaseLost, QueueNotFound
-from objq_broker.model.records import QueueConfig, StateDoc, decode_state, encode_state
+from objq_broker.model.records import Job, QueueConfig, StateDoc, decode_state, encode_state
 from objq_broker.model.state import NewJob, QueueState, retry_delay
 
 #: Queues declared up front, with short leases and windows so that time jumps reach them.
@@ -378,7 +378,7 @@ class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = START
-        self.state = QueueState()
+        self.state = self.new_state()
         self.ref = Reference()
         for name, config in DECLARED.items():
             assert self.state.declare(name, config)
@@ -391,6 +391,14 @@ class QueueMachine(RuleBasedStateMachine):
         self.done: set[str] = set()
 
     # --- helpers --------------------------------------------------------------------------
+
+    def new_state(self, doc: StateDoc | None = None) -> QueueState:
+        """A state over ``doc`` (a new one when None), as the engine would hand it over."""
+        return QueueState(doc)
+
+    def live_jobs(self) -> dict[str, Job]:
+        """Every job the state holds that is not dead, by id."""
+        return self.state.jobs
 
     def deadlines(self) -> list[float]:
         """Future instants at which something changes, soonest first."""
@@ -635,12 +643,12 @@ class QueueMachine(RuleBasedStateMachine):
         assert same_state(self.state.encode(), data), "a changed job kept a stale encoding"
         if probe:
             self.probe_claims(data)
-        self.state = QueueState(decode_state(data, "roundtrip"))
+        self.state = self.new_state(decode_state(data, "roundtrip"))
         assert not self.state.dirty
 
     def probe_claims(self, data: bytes) -> None:
         """A decoded copy encodes to the same bytes and hands out jobs in the model's order."""
-        probe = QueueState(decode_state(data, "roundtrip probe"))
+        probe = self.new_state(decode_state(data, "roundtrip probe"))
         assert encode_state(probe.to_doc()) == data
         for queue in self.ref.configs:
             expected = self.ref.claim_order(queue, self.now)
@@ -672,10 +680,11 @@ class QueueMachine(RuleBasedStateMachine):
         dead = {job.id: job for job in self.ref.dead}
         assert len(live) == len(self.ref.live) and len(dead) == len(self.ref.dead)
         assert not live.keys() & dead.keys()
-        assert set(self.state.jobs) == set(live)
+        jobs = self.live_jobs()
+        assert set(jobs) == set(live)
         assert set(self.state.dead) == set(dead)
         for job_id, ref in live.items():
-            job = self.state.jobs[job_id]
+            job = jobs[job_id]
             assert (job.queue, job.priority, job.seq, job.max_attempts) == (
                 ref.queue,
                 ref.priority,

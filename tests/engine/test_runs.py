@@ -1,0 +1,98 @@
+"""The engine with runs (the segmented state's first part, off unless ``spill_at`` is given):
+ready jobs past the bound leave the head for runs written before it, claims take from runs in
+priority and FIFO order, consumed runs are deleted, another process reads the runs it needs,
+listing reads them, and a run missing from storage is reported, never written over."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from objq_broker import ops
+from objq_broker.engine import Engine
+from objq_broker.engine.commit import STATE_KEY
+from objq_broker.engine.snapshot import Snapshot
+from objq_broker.errors import StateCorrupt
+from objq_broker.model.records import decode_state
+from objq_broker.storage import ObjectStore, open_store
+
+JOBS = 23
+BOUND = 5
+
+
+def enqueue_one_by_one(engine: Engine) -> list[tuple[int, str]]:
+    """Enqueue ``JOBS`` single jobs of three priorities; their ids in claim order."""
+    engine.submit(ops.declare("q", {})).result()
+    made = []
+    for n in range(JOBS):
+        (job,) = engine.submit(ops.enqueue("q", [f"job {n}".encode()], priority=n % 3)).result()
+        made.append((job.priority, job.seq, job.id))
+    return [(p, i) for p, _, i in sorted(made)]
+
+
+def head(store: ObjectStore) -> tuple[int, int, int]:
+    """(format, jobs in the head, runs referred to) of the stored state."""
+    blob = store.read(STATE_KEY)
+    assert blob is not None
+    doc = decode_state(blob.data, "test")
+    return doc.format, len(doc.jobs), sum(len(refs) for refs in doc.runs.values())
+
+
+def test_runs_keep_claim_order_and_are_deleted_once_consumed(store: ObjectStore) -> None:
+    engine = Engine(store, spill_at=BOUND)
+    try:
+        order = enqueue_one_by_one(engine)
+        fmt, inline, runs = head(store)
+        assert fmt == 2 and runs >= JOBS // (BOUND + 1) and inline <= BOUND
+        assert sorted(store.list("runs/")) and len(store.list("runs/")) == runs
+        assert engine.submit(ops.stats(["q"])).result()[0].ready == JOBS
+
+        claimed = []
+        while len(claimed) < JOBS:
+            jobs = engine.submit(ops.claim(["q"], 4, owner="test")).result()
+            assert jobs, "claims stopped before the backlog was empty"
+            claimed += jobs
+        assert [(j.priority, j.id) for j in claimed] == order
+        for delivery in ops.deliveries(claimed):
+            engine.submit(ops.ack(delivery))
+        engine.flush()
+    finally:
+        engine.close()
+    assert head(store) == (1, 0, 0)
+    assert store.list("runs/") == [], "a consumed run was left behind"
+
+
+def test_another_process_reads_the_runs_it_claims_from(tmp_path: Path) -> None:
+    url = tmp_path.as_uri()
+    writer, reader = Engine(open_store(url), spill_at=BOUND), Engine(open_store(url))
+    try:
+        order = enqueue_one_by_one(writer)
+        jobs = reader.submit(ops.claim(["q"], JOBS, owner="other")).result()
+        assert [(j.priority, j.id) for j in jobs] == order
+        listed = Snapshot.read(open_store(url)).jobs("q")
+        assert [job.id for _, job in listed] == [job_id for _, job_id in order]
+        # The writer's cached head is stale: its next claim conflicts, re-reads, finds nothing.
+        assert writer.submit(ops.claim(["q"], 1, owner="test")).result() == []
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_run_missing_from_storage_is_reported_and_the_state_kept(tmp_path: Path) -> None:
+    store = open_store(tmp_path.as_uri())
+    engine = Engine(store, spill_at=BOUND)
+    enqueue_one_by_one(engine)
+    engine.close()
+    before = store.read(STATE_KEY)
+    assert before is not None
+    lost = store.list("runs/")[0]
+    store.delete(lost)
+    fresh = Engine(store, commit_deadline_seconds=5)
+    try:
+        with pytest.raises(StateCorrupt, match=rf"runs {lost}: expected as the state refers"):
+            fresh.submit(ops.claim(["q"], JOBS, owner="test")).result()
+    finally:
+        fresh.close()
+    after = store.read(STATE_KEY)
+    assert after is not None and after.data == before.data
