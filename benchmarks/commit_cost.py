@@ -4,11 +4,17 @@ Fills a ``file://`` queue to 1,000, 10,000 and 20,000 Dramatiq-sized messages (2
 they stay inside the state) and times small commits on it: a claim of 10 and the ack of those
 10, 20 times, reported as milliseconds per commit alongside the state object's size.
 
+``--spill-at N`` runs the same with the segmented state's first part on (``docs/segments.md``,
+off by default): ready jobs past N per queue leave the state for runs, written once, so the
+state written by each commit stays small.
+
     python benchmarks/commit_cost.py
+    python benchmarks/commit_cost.py --depths 1000 10000 100000 --spill-at 1000
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 import time
@@ -36,14 +42,18 @@ def message() -> bytes:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--depths", type=int, nargs="+", default=list(DEPTHS))
+    parser.add_argument("--spill-at", type=int, default=None)
+    args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="objq-commit-cost-"))
     body = message()
-    print(f"payload {len(body)} bytes, store file://{folder}")
-    print("| jobs queued | state MB | ms per commit |\n|---:|---:|---:|")
-    with Queue(folder.as_uri()) as queue:
+    print(f"payload {len(body)} bytes, store file://{folder}, spill at {args.spill_at}")
+    print("| jobs queued | state KB | ms per commit |\n|---:|---:|---:|")
+    with Queue(folder.as_uri(), broker="off", spill_at=args.spill_at) as queue:
         queue.declare("default")
         queued = 0
-        for depth in DEPTHS:
+        for depth in args.depths:
             queue.enqueue_many("default", [body] * (depth - queued))
             queued = depth
             size = (folder / "state.json").stat().st_size
@@ -54,7 +64,7 @@ def main() -> None:
                 queue.flush()  # the acks' commit
                 queued -= 10
             per_commit = (time.perf_counter() - started) / (2 * ROUNDS)
-            print(f"| {depth:,} | {size / 1e6:.2f} | {per_commit * 1000:.1f} |")
+            print(f"| {depth:,} | {size / 1e3:,.1f} | {per_commit * 1000:.1f} |")
 
 
 if __name__ == "__main__":

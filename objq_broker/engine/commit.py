@@ -93,6 +93,8 @@ EXCLUSIVE_RECHECK_SECONDS = 30.0
 CONFLICT_JITTER_SECONDS = 0.003
 #: Longest adaptive wait for a batch to fill (see ``Engine._linger``).
 ADAPTIVE_LINGER_MAX_SECONDS = 0.02
+#: How many runs an engine keeps read beyond those its current batch needs.
+RUN_CACHE_SIZE = 16
 #: Errors that no retry can fix: fail the batch at once.
 _FATAL = (StateCorrupt, AccessDenied, BucketNotFound, WriterFenced)
 
@@ -545,8 +547,14 @@ class Engine:
         return _Attempt(uuid.uuid4().hex, results, finished=list(state.finished))
 
     def _read_runs(self, state: QueueState, ops: list[_Op]) -> None:
-        """Read the runs ``ops`` may take from or look into, so the model stays pure."""
+        """Read the runs ``ops`` may take from or look into, so the model stays pure. The
+        cache keeps the runs read last (runs never change), up to :data:`RUN_CACHE_SIZE`
+        besides those this batch needs."""
         needed = runs_needed(state, [op.op for op in ops])
+        cache = self._run_cache
+        keep = {ref.key for _, ref in needed}
+        for key in [k for k in cache if k not in keep][: max(len(cache) - RUN_CACHE_SIZE, 0)]:
+            del cache[key]  # the oldest read first
         missing = read_runs(self.store, state, needed) if needed else []
         if not missing:
             self._runs_missing = None

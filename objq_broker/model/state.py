@@ -53,6 +53,8 @@ from objq_broker.model.records import (
 from objq_broker.model.runs import RunMerge, build_run
 
 _ReadyEntry = tuple[int, int, str]  # (priority, seq, job id)
+#: Most jobs one run holds: a claimer reads (and caches) a run whole.
+MAX_RUN_JOBS = 10_000
 _TimedEntry = tuple[float, int, str]  # (visible_at, seq, job id)
 _job_encoder = msgspec.json.Encoder()
 
@@ -528,10 +530,14 @@ class QueueState:
 
     # --- runs: the backlog out of the head -------------------------------------------------
 
-    def spill(self, bound: int, key_for: Callable[[int], str]) -> None:
+    def spill(
+        self, bound: int, key_for: Callable[[int], str], *, run_jobs: int = MAX_RUN_JOBS
+    ) -> None:
         """Move the ready jobs of each queue that has more than ``bound`` of them in the head
-        into a new run (keyed ``key_for(n)``), to be written before the head (:attr:`new_runs`).
-        Their bodies stay counted: the run refers to them as the head did."""
+        into new runs of at most ``run_jobs`` jobs (keyed ``key_for(n)``), to be written
+        before the head (:attr:`new_runs`). Their bodies stay counted: the runs refer to them
+        as the head did. The runs' jobs are not kept here: a claim reads them back, so a
+        producer does not hold the backlog it wrote."""
         for queue in list(self._members):
             # Only jobs already known ready: promoting here would also expire leases, which
             # is ``expire``'s to do (and to report).
@@ -540,15 +546,16 @@ class QueueState:
             if len(live) <= bound:
                 continue
             jobs = [self.jobs[entry[2]] for entry in sorted(live)]  # (priority, seq) order
-            key = key_for(len(self.new_runs))
-            ref, data = build_run(key, queue, "ready", jobs)
+            refs = self.doc.runs.setdefault(queue, [])
+            for start in range(0, len(jobs), run_jobs):
+                chunk = jobs[start : start + run_jobs]
+                ref, data = build_run(key_for(len(self.new_runs)), queue, "ready", chunk)
+                refs.append(ref)
+                self.new_runs.append((ref.key, data))
             for job in jobs:
                 self._forget(job)
             heap.clear()
-            self.doc.runs.setdefault(queue, []).append(ref)
-            self._runs[queue] = RunMerge(self.doc.runs[queue])
-            self.run_contents[key] = jobs
-            self.new_runs.append((key, data))
+            self._runs[queue] = RunMerge(refs)
             self.dirty = True
 
     def runs_of(self, queue: str | None = None) -> list[tuple[str, RunRef]]:
