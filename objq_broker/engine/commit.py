@@ -527,8 +527,8 @@ class Engine:
         return state
 
     def _apply(self, state: QueueState, ops: list[_Op]) -> _Attempt | None:
-        self._read_runs(state, ops)
         now = self.clock()
+        self._read_runs(state, ops, now)
         results: list[tuple[_Op, bool, Any]] = []
         for op in ops:
             try:
@@ -546,11 +546,11 @@ class Engine:
         state.expire(now)
         return _Attempt(uuid.uuid4().hex, results, finished=list(state.finished))
 
-    def _read_runs(self, state: QueueState, ops: list[_Op]) -> None:
+    def _read_runs(self, state: QueueState, ops: list[_Op], now: float) -> None:
         """Read the runs ``ops`` may take from or look into, so the model stays pure. The
         cache keeps the runs read last (runs never change), up to :data:`RUN_CACHE_SIZE`
         besides those this batch needs."""
-        needed = runs_needed(state, [op.op for op in ops])
+        needed = runs_needed(state, [op.op for op in ops], now)
         cache = self._run_cache
         keep = {ref.key for _, ref in needed}
         for key in [k for k in cache if k not in keep][: max(len(cache) - RUN_CACHE_SIZE, 0)]:

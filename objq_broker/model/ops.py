@@ -468,10 +468,11 @@ def _outcome(run: Any, state: QueueState, now: float) -> tuple[bool, Any]:
         return False, exc
 
 
-def runs_needed(state: QueueState, ops: Sequence[Op[Any]]) -> list[tuple[str, RunRef]]:
-    """The runs (as (queue, ref)) that applying ``ops`` to ``state`` may read and that it has
-    not read yet: what the engine reads before applying a batch, so the model stays pure."""
-    wanted: dict[str, tuple[str, RunRef]] = {}
+def runs_needed(state: QueueState, ops: Sequence[Op[Any]], now: float) -> list[tuple[str, RunRef]]:
+    """The runs (as (queue, ref)) that applying ``ops`` to ``state`` at ``now`` may read and
+    that it has not read yet: what the engine reads before applying a batch, so the model
+    stays pure. Timed runs with jobs due are always among them: every commit promotes those."""
+    wanted: dict[str, tuple[str, RunRef]] = {ref.key: (q, ref) for q, ref in state.due_runs(now)}
     claims: dict[str, int] = {}
     for op in _flat(ops):
         if isinstance(op, Claim):

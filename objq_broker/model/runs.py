@@ -148,3 +148,16 @@ class RunMerge:
                 suffix[i] = low
             self._oldest[key] = suffix
         return suffix
+
+
+def take_due(ref: RunRef, jobs: list[Job], now: float) -> list[Job]:
+    """Take the jobs of the timed run ``ref`` (its contents ``jobs``) that are due at ``now``,
+    moving the run on; copies, to be placed in the head."""
+    due: list[Job] = []
+    while ref.remaining and jobs[ref.taken].visible_at <= now:
+        due.append(msgspec.structs.replace(jobs[ref.taken]))
+        ref.taken += 1
+    if ref.remaining and due:
+        ref.next = order_key("timed", jobs[ref.taken])
+        ref.oldest = min(job.enqueued_at for job in jobs[ref.taken :])
+    return due

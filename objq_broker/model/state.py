@@ -15,6 +15,7 @@ are invalidated lazily: ``_entry[job_id]`` holds the one entry that is current f
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -45,12 +46,13 @@ from objq_broker.model.records import (
     NackResult,
     Outcome,
     QueueConfig,
+    RunKind,
     RunRef,
     SessionMark,
     StateDoc,
     encode_state,
 )
-from objq_broker.model.runs import RunMerge, build_run
+from objq_broker.model.runs import RunMerge, build_run, take_due
 
 _ReadyEntry = tuple[int, int, str]  # (priority, seq, job id)
 #: Most jobs one run holds: a claimer reads (and caches) a run whole.
@@ -229,7 +231,9 @@ class QueueState:
         heap = self._timed.get(queue)
         while heap and self._entry.get(heap[0][2]) != heap[0]:
             heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        times = [heap[0][0]] if heap else []
+        times += [ref.next[0] for ref in self.doc.runs.get(queue, []) if ref.kind == "timed"]
+        return min(times, default=None)
 
     def _due(self, queue: str, now: float) -> list[Job]:
         """Pop every timed job of ``queue`` whose ``visible_at`` has come."""
@@ -250,6 +254,43 @@ class QueueState:
                 self._expire_lease(job, now)
             else:
                 self._push_ready(job)
+        self._promote_runs(queue, now)
+
+    def _promote_runs(self, queue: str, now: float) -> None:
+        """Move the due jobs of ``queue``'s timed runs into the head, ready (a later spill
+        writes them out again as a ready run when there are many)."""
+        due = [(q, ref) for q, ref in self.due_runs(now) if q == queue]
+        if not due:
+            return
+        for _, ref in due:
+            jobs = self.run_contents.get(ref.key)
+            if jobs is None:
+                raise KeyError(f"run {ref.key} was not read before the operation that needs it")
+            for job in take_due(ref, jobs, now):
+                self.jobs[job.id] = job
+                self._members.setdefault(queue, set()).add(job.id)
+                self._push_ready(job)
+        self.dirty = True
+        self._drop_taken_runs(queue)
+
+    def _due_in(self, ref: RunRef, now: float) -> list[Job]:
+        """The jobs of the timed run ``ref`` due at ``now`` and not yet promoted."""
+        if ref.next[0] > now:
+            return []
+        jobs = self.run_contents.get(ref.key)
+        if jobs is None:
+            raise KeyError(f"run {ref.key} was not read before the operation that needs it")
+        end = bisect.bisect_right(jobs, now, lo=ref.taken, key=lambda job: job.visible_at)
+        return jobs[ref.taken : end]
+
+    def due_runs(self, now: float) -> list[tuple[str, RunRef]]:
+        """The timed runs (queue, ref) whose next job is due at ``now``."""
+        return [
+            (queue, ref)
+            for queue, refs in self.doc.runs.items()
+            for ref in refs
+            if ref.kind == "timed" and ref.remaining and ref.next[0] <= now
+        ]
 
     def _expire_lease(self, job: Job, now: float) -> None:
         self.dirty = True
@@ -539,24 +580,54 @@ class QueueState:
         as the head did. The runs' jobs are not kept here: a claim reads them back, so a
         producer does not hold the backlog it wrote."""
         for queue in list(self._members):
-            # Only jobs already known ready: promoting here would also expire leases, which
-            # is ``expire``'s to do (and to report).
-            heap = self._ready.get(queue, [])
-            live = [entry for entry in heap if self._entry.get(entry[2]) == entry]
-            if len(live) <= bound:
-                continue
-            jobs = [self.jobs[entry[2]] for entry in sorted(live)]  # (priority, seq) order
-            refs = self.doc.runs.setdefault(queue, [])
-            for start in range(0, len(jobs), run_jobs):
-                chunk = jobs[start : start + run_jobs]
-                ref, data = build_run(key_for(len(self.new_runs)), queue, "ready", chunk)
-                refs.append(ref)
-                self.new_runs.append((ref.key, data))
-            for job in jobs:
-                self._forget(job)
+            self._spill_ready(queue, bound, key_for, run_jobs)
+            self._spill_timed(queue, bound, key_for, run_jobs)
+
+    def _spill_ready(
+        self, queue: str, bound: int, key_for: Callable[[int], str], run_jobs: int
+    ) -> None:
+        # Only jobs already known ready: promoting here would also expire leases, which
+        # is ``expire``'s to do (and to report).
+        heap = self._ready.get(queue, [])
+        live = [entry for entry in heap if self._entry.get(entry[2]) == entry]
+        if len(live) > bound:
+            self._write_out(
+                queue, "ready", [self.jobs[e[2]] for e in sorted(live)], key_for, run_jobs
+            )
             heap.clear()
-            self._runs[queue] = RunMerge(refs)
-            self.dirty = True
+
+    def _spill_timed(
+        self, queue: str, bound: int, key_for: Callable[[int], str], run_jobs: int
+    ) -> None:
+        """Delayed and backing-off jobs (not leased ones: their leases change in the head)."""
+        heap = self._timed.get(queue, [])
+        live = [e for e in heap if self._entry.get(e[2]) == e and self.jobs[e[2]].lease is None]
+        if len(live) > bound:
+            self._write_out(
+                queue, "timed", [self.jobs[e[2]] for e in sorted(live)], key_for, run_jobs
+            )
+            heap[:] = [e for e in heap if self._entry.get(e[2]) == e]
+            heapq.heapify(heap)
+
+    def _write_out(
+        self,
+        queue: str,
+        kind: RunKind,
+        jobs: list[Job],
+        key_for: Callable[[int], str],
+        run_jobs: int,
+    ) -> None:
+        """Move ``jobs`` (in their run's order) out of the head into runs of ``kind``."""
+        refs = self.doc.runs.setdefault(queue, [])
+        for start in range(0, len(jobs), run_jobs):
+            chunk = jobs[start : start + run_jobs]
+            ref, data = build_run(key_for(len(self.new_runs)), queue, kind, chunk)
+            refs.append(ref)
+            self.new_runs.append((ref.key, data))
+        for job in jobs:
+            self._forget(job)
+        self._runs[queue] = RunMerge(refs)
+        self.dirty = True
 
     def runs_of(self, queue: str | None = None) -> list[tuple[str, RunRef]]:
         """The runs of ``queue`` (of every queue when None) with jobs left, as (queue, ref)."""
@@ -713,6 +784,8 @@ class QueueState:
                     expired += 1
                 else:
                     self._push_ready(job)
+        for queue in {queue for queue, _ in self.due_runs(now)}:
+            self._promote_runs(queue, now)
         if now >= self._sweep_at:  # every commit calls this: scan retention only when due
             self._sweep(now)
         return expired
@@ -801,6 +874,15 @@ class QueueState:
             ready += len(runs)
             first = runs.oldest()
             if first is not None:
+                oldest = first if oldest is None else min(oldest, first)
+        for ref in self.doc.runs.get(queue, []):
+            if ref.kind != "timed" or not ref.remaining:
+                continue
+            due = self._due_in(ref, now)
+            ready += len(due)
+            delayed += ref.remaining - len(due)
+            if due:
+                first = min(job.enqueued_at for job in due)
                 oldest = first if oldest is None else min(oldest, first)
         dead = sum(1 for job in self.dead.values() if job.queue == queue)
         age = None if oldest is None else max(now - oldest, 0.0)
@@ -894,6 +976,7 @@ class QueueState:
     def next_wakeup(self) -> float | None:
         """The earliest ``visible_at`` among timed jobs (a lease to expire, a delay to end)."""
         times = [heap[0][0] for heap in self._timed.values() if heap]
+        times += [r.next[0] for refs in self.doc.runs.values() for r in refs if r.kind == "timed"]
         return min(times) if times else None
 
     # --- persisting ------------------------------------------------------------------------
