@@ -5,6 +5,9 @@ listing reads them, and a run missing from storage is reported, never written ov
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,3 +143,68 @@ def test_runs_through_the_elected_broker() -> None:
         assert shared.list("runs/"), "the broker's engine spilled nothing"
         got = [d.job.id for d in client.claim("q", JOBS)]
         assert got == [job.id for job in sorted(ids, key=lambda j: (j.priority, j.seq))]
+
+
+def test_a_format_1_state_is_upgraded_by_its_first_commit(tmp_path: Path) -> None:
+    store = open_store(tmp_path.as_uri())
+    old = Engine(store)  # as every release so far writes it
+    order = enqueue_one_by_one(old)
+    old.close()
+    assert head(store) == (1, JOBS, 0)
+    new = Engine(store, spill_at=BOUND)
+    try:
+        new.submit(ops.declare("q", {})).result()  # changes nothing: nothing is written
+        assert head(store) == (1, JOBS, 0)
+        new.submit(ops.enqueue("q", [b"last"], priority=9)).result()
+        fmt, inline, runs = head(store)
+        assert fmt == 2 and inline <= BOUND and runs >= 1
+        jobs = new.submit(ops.claim(["q"], JOBS, owner="test")).result()
+        assert [(j.priority, j.id) for j in jobs] == order
+    finally:
+        new.close()
+
+
+#: The last commit of the project before states with runs (format 2) existed.
+BEFORE_RUNS = "c25c4cb"
+
+
+def test_an_earlier_release_refuses_a_state_with_runs_and_leaves_it(tmp_path: Path) -> None:
+    """The release before runs, checked out from this repository's history, run for real."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(root), "archive", BEFORE_RUNS, "objq_broker"],
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"no git history to check the earlier release out of: {exc}")
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(earlier)], input=archive, check=True)
+    store = open_store((tmp_path / "store").as_uri())
+    engine = Engine(store, spill_at=BOUND)
+    enqueue_one_by_one(engine)
+    engine.close()
+    before = store.read(STATE_KEY)
+    assert before is not None and head(store)[0] == 2
+    script = (
+        "import sys\n"
+        "from objq_broker import Queue\n"
+        "with Queue(sys.argv[1], broker='off') as q:\n"
+        "    q.enqueue('q', b'from the earlier release')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, (tmp_path / "store").as_uri()],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(earlier)},
+        cwd=earlier,  # ``python -c`` imports from its working directory first
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0, done.stdout
+    assert str(earlier) in done.stderr, "the earlier release was not the one run"
+    assert "expected an objq state of format 1, found format 2" in done.stderr, done.stderr
+    after = store.read(STATE_KEY)
+    assert after is not None and after.data == before.data
