@@ -20,7 +20,9 @@ READ_THREADS = 8
 
 
 def read_runs(store: ObjectStore, state: QueueState, runs: list[tuple[str, RunRef]]) -> list[str]:
-    """Read ``runs`` (queue, ref) into ``state.run_contents``; the keys of those not found."""
+    """Read those of ``runs`` (queue, ref) not read yet into ``state.run_contents``; the keys
+    of those not found."""
+    runs = [(queue, ref) for queue, ref in runs if ref.key not in state.run_contents]
 
     def read(run: tuple[str, RunRef]) -> tuple[str, list[Job] | None]:
         queue, ref = run

@@ -114,8 +114,10 @@ class Snapshot:
         return self._state.dead_letters(queue)
 
     def all_live(self) -> Iterator[tuple[JobState, Job]]:
-        """Every job not yet finished, of every queue, in no order."""
-        for job in self._state.jobs.values():
+        """Every job not yet finished, of every queue (those waiting in runs included), in
+        no order."""
+        self._read_runs(None)
+        for job in [*self._state.jobs.values(), *self._state.run_jobs()]:
             yield job.state_at(self.read_at), job
 
     def all_dead(self) -> Iterator[Job]:

@@ -469,9 +469,9 @@ def _outcome(run: Any, state: QueueState, now: float) -> tuple[bool, Any]:
 
 
 def runs_needed(state: QueueState, ops: Sequence[Op[Any]], now: float) -> list[tuple[str, RunRef]]:
-    """The runs (as (queue, ref)) that applying ``ops`` to ``state`` at ``now`` may read and
-    that it has not read yet: what the engine reads before applying a batch, so the model
-    stays pure. Timed runs with jobs due are always among them: every commit promotes those."""
+    """The runs (as (queue, ref)) that applying ``ops`` to ``state`` at ``now`` may read: what
+    the engine has read (or reads) before applying a batch, so the model stays pure. Timed runs
+    with jobs due are always among them: every commit promotes those."""
     wanted: dict[str, tuple[str, RunRef]] = {ref.key: (q, ref) for q, ref in state.due_runs(now)}
     claims: dict[str, int] = {}
     for op in _flat(ops):
@@ -487,7 +487,7 @@ def runs_needed(state: QueueState, ops: Sequence[Op[Any]], now: float) -> list[t
                 wanted.update((ref.key, (q, ref)) for q, ref in state.runs_of(name))
     for name, n in claims.items():
         wanted.update((ref.key, (q, ref)) for q, ref in state.runs_to_claim(name, n))
-    return [pair for key, pair in wanted.items() if key not in state.run_contents]
+    return list(wanted.values())
 
 
 def _flat(ops: Sequence[Op[Any]]) -> list[Op[Any]]:

@@ -14,7 +14,7 @@ import pytest
 
 from objq_broker import Queue, ops
 from objq_broker.engine import Engine
-from objq_broker.engine.commit import STATE_KEY
+from objq_broker.engine.commit import RUN_CACHE_SIZE, STATE_KEY
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import StateCorrupt
 from objq_broker.model.records import decode_state
@@ -72,10 +72,14 @@ def test_another_process_reads_the_runs_it_claims_from(tmp_path: Path) -> None:
     writer, reader = Engine(open_store(url), spill_at=BOUND), Engine(open_store(url))
     try:
         order = enqueue_one_by_one(writer)
+        # Listing (objq jobs, the Spark jobs table) reads the runs too, before any is taken.
+        snapshot = Snapshot.read(open_store(url))
+        assert snapshot.stats("q").ready == JOBS
+        listed = snapshot.jobs("q")
+        assert [(state, job.id) for state, job in listed] == [("ready", i) for _, i in order]
+        assert sorted(job.id for _, job in snapshot.all_live()) == sorted(i for _, i in order)
         jobs = reader.submit(ops.claim(["q"], JOBS, owner="other")).result()
         assert [(j.priority, j.id) for j in jobs] == order
-        listed = Snapshot.read(open_store(url)).jobs("q")
-        assert [job.id for _, job in listed] == [job_id for _, job_id in order]
         # The writer's cached head is stale: its next claim conflicts, re-reads, finds nothing.
         assert writer.submit(ops.claim(["q"], 1, owner="test")).result() == []
     finally:
@@ -208,3 +212,23 @@ def test_an_earlier_release_refuses_a_state_with_runs_and_leaves_it(tmp_path: Pa
     assert "expected an objq state of format 1, found format 2" in done.stderr, done.stderr
     after = store.read(STATE_KEY)
     assert after is not None and after.data == before.data
+
+
+def test_claims_reaching_more_runs_than_the_cache_keeps(tmp_path: Path) -> None:
+    """A batch needing runs read by the last one keeps them, however many the cache holds."""
+    store = open_store(tmp_path.as_uri())
+    engine = Engine(store, spill_at=1)
+    try:
+        engine.submit(ops.declare("q", {})).result()
+        made = [
+            engine.submit(ops.enqueue("q", [b"x"], priority=n % 4)).result()[0] for n in range(120)
+        ]
+        assert len(store.list("runs/")) > 2 * RUN_CACHE_SIZE
+        claimed = []
+        while batch := engine.submit(ops.claim(["q"], 30, owner="test")).result():
+            claimed += batch
+        assert [j.id for j in claimed] == [
+            j.id for j in sorted(made, key=lambda j: (j.priority, j.seq))
+        ]
+    finally:
+        engine.close()
