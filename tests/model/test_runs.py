@@ -78,7 +78,8 @@ def test_claims_across_runs_follow_one_sorted_order(
         contents[ref.key] = decode_run(ref, "q", data)
     merge = RunMerge(refs)
     needed = set(merge.needed(n))
-    touched, taken = set(), []
+    touched: set[str] = set()
+    taken: list[Job] = []
     while merge.best() is not None and len(taken) < n:
         before = {ref.key: ref.taken for ref in merge.refs}
         taken.append(merge.take(contents))
