@@ -27,7 +27,7 @@ from objq_broker.engine.commit import DEFAULT_COMMIT_DEADLINE_SECONDS, Engine, E
 from objq_broker.engine.options import resolve_store
 from objq_broker.engine.port import Committer
 from objq_broker.errors import ConfigurationError, LeaseLost
-from objq_broker.model.ops import DeadLetters, Expire, FindJob, GetConfig, Op, QueueNames
+from objq_broker.model.ops import Claim, DeadLetters, Expire, FindJob, GetConfig, Op, QueueNames
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
 from objq_broker.model.state import QueueStats, StagedBodies
 from objq_broker.ops import Delay, Delivery, default_owner
@@ -125,9 +125,14 @@ class Queue:
         """Lease up to ``n`` ready jobs, from one queue or several (taking from each in the
         order given until ``n`` are found: a consumer of many queues polls them all with one
         write, not one per queue)."""
-        names = [queues] if isinstance(queues, str) else list(queues)
-        claim = self.submit(ops.claim(names, n, lease=lease, owner=owner or self.owner))
+        claim = self.submit(self._claim_op(queues, n, lease, owner))
         return _mapped(claim, ops.deliveries)
+
+    def _claim_op(
+        self, queues: str | Sequence[str], n: int, lease: Delay, owner: str | None
+    ) -> Claim:
+        names = [queues] if isinstance(queues, str) else list(queues)
+        return ops.claim(names, n, lease=lease, owner=owner or self.owner)
 
     def then_fill(self, claim: Future[list[Delivery]]) -> Future[list[Delivery]]:
         """The deliveries of ``claim`` with their payloads loaded, without blocking: bodies
@@ -306,9 +311,7 @@ class Queue:
         left = 0.0 if end is None else end - time.monotonic()
         if found or left <= 0:
             return found
-        names = [queue] if isinstance(queue, str) else list(queue)
-        op = ops.claim(names, n, lease=lease, owner=owner or self.owner)
-        jobs = self.committer.claim_waiting(op, left)
+        jobs = self.committer.claim_waiting(self._claim_op(queue, n, lease, owner), left)
         if jobs is None:
             return found
         claimed: Future[list[Delivery]] = Future()

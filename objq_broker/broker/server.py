@@ -166,22 +166,25 @@ class BrokerServer:
     # --- the methods -----------------------------------------------------------------------
 
     def _apply(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        self._authorize(context)
-        try:
-            session = wire.decode_request(request)
-        except ConfigurationError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        session = self._decoded(wire.decode_request, request, context)
         return self._answer(lambda: self.committer.submit(session).result(), session, context)
 
     def _claim(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        self._authorize(context)
-        try:
-            asked = wire.decode_claim(request)
-        except ConfigurationError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        asked = self._decoded(wire.decode_claim, request, context)
         return self._answer(
             lambda: self.park.claim(asked.session, asked.wait_seconds), asked.session, context
         )
+
+    def _decoded(
+        self, decode: Callable[[bytes], T], request: bytes, context: grpc.ServicerContext
+    ) -> T:
+        """``request`` decoded, once the caller is authorized; the call aborted otherwise."""
+        self._authorize(context)
+        try:
+            return decode(request)
+        except ConfigurationError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise  # abort() raises; this line is for the type checker
 
     def _answer(
         self, commit: Callable[[], Outcomes], session: Session, context: grpc.ServicerContext

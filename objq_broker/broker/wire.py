@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
 from objq_broker import errors
 from objq_broker.model import ops
 
+T = TypeVar("T")
 _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(ops.Session)
 
@@ -47,11 +48,7 @@ def encode_request(session: ops.Session) -> bytes:
 def decode_request(data: bytes) -> ops.Session:
     """A request; :class:`~objq_broker.errors.ConfigurationError` if any operation is
     malformed or out of range (nothing of the request is applied then)."""
-    try:
-        decoded: ops.Session = _request_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise errors.ConfigurationError(f"broker request: {exc}") from None
-    return decoded
+    return _decode(_request_decoder, data, "broker request")
 
 
 #: Longest a claim may wait at the broker in one request (a client waiting longer asks again).
@@ -76,16 +73,21 @@ def encode_claim(session: ops.Session, wait_seconds: float) -> bytes:
 def decode_claim(data: bytes) -> WaitingClaim:
     """A waiting claim; :class:`~objq_broker.errors.ConfigurationError` if it is malformed
     or its session holds anything but one claim."""
-    try:
-        decoded = _claim_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise errors.ConfigurationError(f"broker claim request: {exc}") from None
+    decoded = _decode(_claim_decoder, data, "broker claim request")
     kinds = [type(op).__name__ for op in decoded.session.ops]
     if kinds != ["Claim"]:
         raise errors.ConfigurationError(
             f"broker claim request: expected one Claim operation, found {kinds}"
         )
     return decoded
+
+
+def _decode(decoder: msgspec.json.Decoder[T], data: bytes, what: str) -> T:
+    """``data`` decoded with every constraint checked, or :class:`ConfigurationError`."""
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise errors.ConfigurationError(f"{what}: {exc}") from None
 
 
 def encode_outcomes(outcomes: ops.Outcomes) -> bytes:

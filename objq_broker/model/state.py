@@ -259,14 +259,11 @@ class QueueState:
     def _promote_runs(self, queue: str, now: float) -> None:
         """Move the due jobs of ``queue``'s timed runs into the head, ready (a later spill
         writes them out again as a ready run when there are many)."""
-        due = [(q, ref) for q, ref in self.due_runs(now) if q == queue]
+        due = [ref for ref in self.doc.runs.get(queue, []) if _due(ref, now)]
         if not due:
             return
-        for _, ref in due:
-            jobs = self.run_contents.get(ref.key)
-            if jobs is None:
-                raise KeyError(f"run {ref.key} was not read before the operation that needs it")
-            for job in take_due(ref, jobs, now):
+        for ref in due:
+            for job in take_due(ref, self._contents(ref), now):
                 self.jobs[job.id] = job
                 self._members.setdefault(queue, set()).add(job.id)
                 self._push_ready(job)
@@ -277,20 +274,21 @@ class QueueState:
         """The jobs of the timed run ``ref`` due at ``now`` and not yet promoted."""
         if ref.next[0] > now:
             return []
-        jobs = self.run_contents.get(ref.key)
-        if jobs is None:
-            raise KeyError(f"run {ref.key} was not read before the operation that needs it")
+        jobs = self._contents(ref)
         end = bisect.bisect_right(jobs, now, lo=ref.taken, key=lambda job: job.visible_at)
         return jobs[ref.taken : end]
 
     def due_runs(self, now: float) -> list[tuple[str, RunRef]]:
         """The timed runs (queue, ref) whose next job is due at ``now``."""
-        return [
-            (queue, ref)
-            for queue, refs in self.doc.runs.items()
-            for ref in refs
-            if ref.kind == "timed" and ref.remaining and ref.next[0] <= now
-        ]
+        return [(queue, r) for queue, refs in self.doc.runs.items() for r in refs if _due(r, now)]
+
+    def _contents(self, ref: RunRef) -> list[Job]:
+        """The jobs of ``ref``, which must have been read first
+        (:func:`~objq_broker.model.ops.runs_needed` says which)."""
+        jobs = self.run_contents.get(ref.key)
+        if jobs is None:
+            raise KeyError(f"run {ref.key} was not read before the operation that needs it")
+        return jobs
 
     def _expire_lease(self, job: Job, now: float) -> None:
         self.dirty = True
@@ -647,12 +645,9 @@ class QueueState:
         been read, unless ``read_only`` (then those not read are skipped)."""
         found: list[Job] = []
         for _, ref in self.runs_of(queue):
-            jobs = self.run_contents.get(ref.key)
-            if jobs is None:
-                if read_only:
-                    continue
-                raise KeyError(f"run {ref.key} was not read before the operation that needs it")
-            found += jobs[ref.taken :]
+            if read_only and ref.key not in self.run_contents:
+                continue
+            found += self._contents(ref)[ref.taken :]
         return found
 
     def _drop_taken_runs(self, queue: str) -> None:
@@ -1046,6 +1041,11 @@ class QueueState:
             return encode_state(doc)
         finally:
             doc.jobs, doc.dead = [], []  # to_doc() builds them when asked
+
+
+def _due(ref: RunRef, now: float) -> bool:
+    """Whether ``ref`` is a timed run whose next job is due at ``now``."""
+    return ref.kind == "timed" and ref.remaining > 0 and ref.next[0] <= now
 
 
 def _finished_job(
