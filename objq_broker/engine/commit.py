@@ -64,7 +64,7 @@ from objq_broker.model.records import (
     decode_state,
     encode_archive,
 )
-from objq_broker.model.runs import run_key
+from objq_broker.model.runs import RUNS_PREFIX, orphan_runs, run_key
 from objq_broker.model.state import Finished, QueueState
 from objq_broker.storage.base import ObjectStore
 
@@ -95,6 +95,9 @@ CONFLICT_JITTER_SECONDS = 0.003
 ADAPTIVE_LINGER_MAX_SECONDS = 0.02
 #: How many runs an engine keeps read beyond those its current batch needs.
 RUN_CACHE_SIZE = 16
+#: How often an engine whose namespace has runs lists them to delete orphans (one LIST
+#: request per thousand runs on S3 or GCS).
+RUN_SWEEP_SECONDS = 600.0
 #: Errors that no retry can fix: fail the batch at once.
 _FATAL = (StateCorrupt, AccessDenied, BucketNotFound, WriterFenced)
 
@@ -206,6 +209,7 @@ class Engine:
         self.spill_at = spill_at
         self._run_cache: dict[str, list[Job]] = {}  # runs read or written; they never change
         self._runs_missing: list[str] | None = None  # runs found gone by the last try
+        self._next_run_sweep = float("-inf")  # monotonic time to look for orphan runs again
         self.clock = clock
         self.metrics = EngineMetrics()
         #: Payload bodies kept out of the state, cached by bodies object.
@@ -615,17 +619,37 @@ class Engine:
         for key in consumed:
             self._run_cache.pop(key, None)
         self._janitor.delete(consumed, "consumed run")
+        self._sweep_runs(state)
 
     def _write_runs(self, state: QueueState, attempt: _Attempt) -> None:
         """Spill (when on), and write the runs this commit made: before the head, which must
         never refer to a run that is not stored. A try that did not land leaves them as
         orphans, deleted once a later try lands."""
         if self.spill_at is not None:
-            state.spill(self.spill_at, functools.partial(run_key, attempt.commit_id))
+            key_for = functools.partial(run_key, state.doc.version, attempt.commit_id)
+            state.spill(self.spill_at, key_for)
         for key, data in state.new_runs:
             self.store.write(key, data, if_absent=True)
             self._wrote(attempt, key, ("run", key))
         state.new_runs.clear()
+
+    def _sweep_runs(self, state: QueueState) -> None:
+        """Now and then (first after this engine's first commit, so a process restarted after
+        a crash cleans up after it), delete the runs no commit can refer to any more: those a
+        process wrote before it died or lost its commit (:func:`orphan_runs`)."""
+        if self.spill_at is None and not state.doc.runs:
+            return
+        now = time.monotonic()
+        if now < self._next_run_sweep:
+            return
+        self._next_run_sweep = now + RUN_SWEEP_SECONDS
+        version = state.doc.version
+        referenced = {ref.key for _, ref in state.runs_of()}
+
+        def find() -> list[str]:
+            return orphan_runs(self.store.list(RUNS_PREFIX), version, referenced)
+
+        self._janitor.sweep(find, "orphan run")
 
     def _spare_holding(self, content: object) -> str | None:
         """The key of an object a failed try of this batch wrote with exactly ``content``."""

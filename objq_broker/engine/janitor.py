@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 
@@ -35,18 +35,30 @@ class Janitor:
         self._pending: set[Future[None]] = set()
 
     def delete(self, keys: Iterable[str], what: str) -> None:
-        keys = list(keys)
-        if not keys:
+        for key in keys:
+            self._submit(self.delete_now, key, what)
+
+    def sweep(self, find: Callable[[], list[str]], what: str) -> None:
+        """Delete whatever ``find`` (which may list the store) returns, off the caller's
+        thread; a listing that fails is tried again at the next sweep."""
+        self._submit(self._sweep_now, find, what)
+
+    def _sweep_now(self, find: Callable[[], list[str]], what: str) -> None:
+        try:
+            doomed = find()
+        except StorageError as exc:
+            log.warning("could not look for %ss: %s", what, exc)
             return
+        for key in doomed:
+            self.delete_now(key, what)
+
+    def _submit(self, fn: Callable[..., None], *args: object) -> None:
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="objq-janitor")
-            pool = self._pool
-        for key in keys:
-            future = pool.submit(self.delete_now, key, what)
-            with self._lock:
-                self._pending.add(future)
-            future.add_done_callback(self._done)
+            future = self._pool.submit(fn, *args)
+            self._pending.add(future)
+        future.add_done_callback(self._done)
 
     def _done(self, future: Future[None]) -> None:
         with self._lock:

@@ -1,6 +1,6 @@
 """Runs: a queue's backlog kept out of the state's head, in objects that never change.
 
-This is the first part of the segmented state (``docs/segments.md``); nothing writes runs yet.
+Part of the segmented state (``docs/segments.md``): written only where spilling is on.
 
 A run is written create-only before the commit that refers to it. A *ready* run holds jobs that
 were claimable when it was written, sorted by (priority, seq); a *timed* run holds delayed or
@@ -14,7 +14,8 @@ runs as they do within the head.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -38,9 +39,33 @@ _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(RunDoc)
 
 
-def run_key(commit_id: str, number: int) -> str:
-    """Where the ``number``-th run made by the commit ``commit_id`` is stored."""
-    return f"runs/{commit_id}-{number}.json"
+#: Where runs are stored, under the namespace.
+RUNS_PREFIX = "runs/"
+_RUN_KEY = re.compile(r"runs/(\d+)-[0-9A-Za-z]+-\d+\.json")
+
+
+def run_key(version: int, commit_id: str, number: int) -> str:
+    """Where the ``number``-th run made by the commit ``commit_id`` is stored; ``version`` is
+    the state version that commit writes, so :func:`orphan_runs` can tell a run whose commit
+    can no longer land."""
+    return f"{RUNS_PREFIX}{version:010d}-{commit_id}-{number}.json"
+
+
+def orphan_runs(listed: Iterable[str], version: int, referenced: Collection[str]) -> list[str]:
+    """Of the run objects ``listed``, those no state can refer to once the state is at
+    ``version`` and refers to ``referenced``.
+
+    A run is only ever referred to by the commit that wrote it, which writes the version in
+    its key. With the state at that version or later, such a run is either referred to now,
+    or was consumed since (its delete was lost), or its commit lost the race and cannot land:
+    a write conditional on an older state fails. Runs of later versions may be a commit
+    still in flight, and objects not named like runs are not ours: both are left."""
+    orphans: list[str] = []
+    for key in listed:
+        match = _RUN_KEY.fullmatch(key)
+        if match is not None and int(match[1]) <= version and key not in referenced:
+            orphans.append(key)
+    return orphans
 
 
 def order_key(kind: RunKind, job: Job) -> OrderKey:

@@ -18,8 +18,8 @@ from objq_broker.storage.faulty import FaultyStore
 QUEUE = "soak"
 
 
-def open_queue(url: str, faults: float, seed: int) -> Queue:
-    options: dict[str, Any] = {"commit_deadline_seconds": 120.0}
+def open_queue(url: str, faults: float, seed: int, spill_at: int | None) -> Queue:
+    options: dict[str, Any] = {"commit_deadline_seconds": 120.0, "spill_at": spill_at}
     if faults:
         store = FaultyStore(open_store(url), seed=seed, error_rate=faults, landed_rate=faults)
         return Queue(store=store, **options)
@@ -66,8 +66,9 @@ def main() -> None:
     parser.add_argument("--stop", type=Path)
     parser.add_argument("--lease", type=float, default=3.0)
     parser.add_argument("--faults", type=float, default=0.0)
+    parser.add_argument("--spill-at", type=int, default=None)
     args = parser.parse_args()
-    queue = open_queue(args.url, args.faults, seed=hash(args.name) & 0xFFFF)
+    queue = open_queue(args.url, args.faults, seed=hash(args.name) & 0xFFFF, spill_at=args.spill_at)
     started = time.monotonic()
     try:
         if args.role == "produce":

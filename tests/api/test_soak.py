@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from objq_broker import Queue
+from objq_broker.storage import open_store
 from tests.support.processes import Children
 from tests.support.waiting import wait_for
 
@@ -23,7 +24,13 @@ SOAK_TIMEOUT_SECONDS = 240.0
 
 
 def run_soak(
-    url: str, tmp_path: Path, children: Children, jobs: int, faults: float = 0.0
+    url: str,
+    tmp_path: Path,
+    children: Children,
+    jobs: int,
+    *,
+    faults: float = 0.0,
+    spill_at: int | None = None,
 ) -> dict[str, int]:
     """Run the soak and return {'jobs', 'delivered', 'duplicates'}; asserts nothing is lost.
 
@@ -31,6 +38,8 @@ def run_soak(
     stop = tmp_path / "stop"
     per_producer = jobs // PRODUCERS
     fault_args = ["--faults", str(faults)]
+    if spill_at is not None:
+        fault_args += ["--spill-at", str(spill_at)]
     deadline = time.monotonic() + SOAK_TIMEOUT_SECONDS
 
     def spawn(*args: str) -> subprocess.Popen[bytes]:
@@ -62,6 +71,7 @@ def run_soak(
         "a consumer to log some deliveries",
         progress=lambda: f"log sizes {log_sizes()}",
     )
+    spilled = len(open_store(url).list("runs/")) if spill_at is not None else 0
     children.kill(consumers[victim])
     consumers[victim] = consumer(f"{victim}b")
     for producer in producers:
@@ -85,6 +95,13 @@ def run_soak(
         stats = queue.stats("soak")
         assert (stats.ready, stats.delayed, stats.in_flight, stats.dead) == (0, 0, 0, 0)
         assert queue.jobs("soak") == []
+    if spill_at is not None:
+        assert spilled, "no runs were written while the soak was under way"
+        # The next process to commit deletes runs left by faults and by the killed consumer.
+        with Queue(url, spill_at=spill_at) as queue:
+            queue.enqueue("after-soak", b"x")
+            queue.flush()
+            assert queue.store.list("runs/") == [], "a consumed or orphan run was left"
     delivered = Counter(
         line for log in tmp_path.glob("c*.log") for line in log.read_text().splitlines() if line
     )
@@ -111,4 +128,13 @@ def test_soak_s3(tmp_path: Path, children: Children, s3_url_factory: Callable[[]
 @pytest.mark.slow
 def test_soak_file_with_faults(tmp_path: Path, children: Children) -> None:
     result = run_soak((tmp_path / "store").as_uri(), tmp_path, children, jobs=3_000, faults=0.05)
+    assert result["jobs"] == 3_000
+
+
+@pytest.mark.slow
+def test_soak_file_spilling_runs_with_faults(tmp_path: Path, children: Children) -> None:
+    """The same, with the backlog spilled into runs of a few dozen jobs: runs are written,
+    retried, orphaned by faults and by the killed consumer, and consumed across processes."""
+    url = (tmp_path / "store").as_uri()
+    result = run_soak(url, tmp_path, children, jobs=3_000, faults=0.05, spill_at=50)
     assert result["jobs"] == 3_000

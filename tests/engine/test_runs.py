@@ -18,7 +18,7 @@ from objq_broker.engine import Engine
 from objq_broker.engine.commit import RUN_CACHE_SIZE, STATE_KEY
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import StateCorrupt
-from objq_broker.model.records import Job, decode_state
+from objq_broker.model.records import Job, RunRef, decode_state
 from objq_broker.storage import MemoryStore, ObjectStore, open_store
 from objq_broker.storage.faulty import FaultyStore
 
@@ -236,3 +236,46 @@ def test_claims_reaching_more_runs_than_the_cache_keeps(tmp_path: Path) -> None:
         ]
     finally:
         engine.close()
+
+
+def test_a_run_written_by_a_process_killed_before_its_commit_is_ignored_and_swept(
+    tmp_path: Path,
+) -> None:
+    """The producer dies between writing a run and the commit that would refer to it: its
+    unacknowledged job is nowhere, every acknowledged one is claimed exactly once, and the
+    next process to commit deletes the run nobody refers to."""
+    url = tmp_path.as_uri()
+    script = Path(__file__).with_name("kill_after_run_write.py")
+    producer = subprocess.run(
+        [sys.executable, str(script), url, str(BOUND)],
+        check=False,
+        capture_output=True,
+        timeout=120,
+    )
+    assert producer.returncode == -9, producer.stderr.decode()
+    acknowledged = producer.stdout.decode().split()
+    assert len(acknowledged) > BOUND, "the producer died before its first run landed"
+    store = open_store(url)
+    orphans = [k for k in store.list("runs/") if k not in {r.key for r in runs_of(store)}]
+    assert len(orphans) == 1, f"expected the killed commit's one run, found {orphans}"
+
+    engine = Engine(store, spill_at=BOUND)
+    try:
+        listed = engine.submit(ops.list_jobs("q", None, 1000)).result()
+        assert sorted(job.id for _, job in listed) == sorted(acknowledged)
+        claimed: list[str] = []
+        while jobs := engine.submit(ops.claim(["q"], 4, owner="test")).result():
+            claimed += [job.id for job in jobs]
+            for delivery in ops.deliveries(jobs):
+                engine.submit(ops.ack(delivery)).result()
+        assert sorted(claimed) == sorted(acknowledged)
+        engine.flush()  # the janitor's sweep, started by the first commit, has run
+        assert store.list("runs/") == [], "the orphan run (or a consumed one) was left"
+    finally:
+        engine.close()
+
+
+def runs_of(store: ObjectStore) -> list[RunRef]:
+    blob = store.read(STATE_KEY)
+    assert blob is not None
+    return [ref for refs in decode_state(blob.data, "test").runs.values() for ref in refs]

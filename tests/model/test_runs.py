@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from objq_broker.errors import StateCorrupt
 from objq_broker.model.records import Job, Lease
-from objq_broker.model.runs import RunMerge, build_run, decode_run
+from objq_broker.model.runs import RunMerge, build_run, decode_run, orphan_runs, run_key
 
 
 def job(seq: int, priority: int = 0, visible_at: float = 0.0, queue: str = "q") -> Job:
@@ -94,3 +94,14 @@ def test_a_run_that_was_not_read_is_never_guessed() -> None:
     ref, _ = build_run("runs/q/1", "q", "ready", [job(1)])
     with pytest.raises(KeyError, match="was not read before the claim"):
         RunMerge([ref]).take({})
+
+
+def test_orphan_runs_are_those_no_commit_can_land_with() -> None:
+    listed = [
+        run_key(7, "a1", 0),  # referred to
+        run_key(7, "a1", 1),  # consumed since, its delete lost
+        run_key(8, "b2", 0),  # its commit lost the race for version 8
+        run_key(9, "c3", 0),  # a commit for version 9 may be in flight
+        "runs/notes.txt",  # not ours
+    ]
+    assert orphan_runs(listed, 8, {run_key(7, "a1", 0)}) == listed[1:3]

@@ -42,8 +42,9 @@ class SegmentedMachine(QueueMachine):
         for key in self.state.unused_runs:  # the last "commit" landed: the janitor's turn
             del self.stored[key]
         self.state.unused_runs.clear()
-        commit = f"c{next(self.commits)}"
-        self.state.spill(bound, functools.partial(run_key, commit), run_jobs=run_jobs)
+        number = next(self.commits)
+        key_for = functools.partial(run_key, number, f"c{number}")
+        self.state.spill(bound, key_for, run_jobs=run_jobs)
         for key, data in self.state.new_runs:
             self.stored[key] = data
             event("spilled a run")
