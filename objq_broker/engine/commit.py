@@ -61,6 +61,7 @@ from objq_broker.model.records import (
     RECENT_COMMITS,
     ArchiveRecord,
     Job,
+    KeyRecord,
     decode_state,
     encode_archive,
 )
@@ -208,6 +209,7 @@ class Engine:
         #: Part of the segmented state (``docs/segments.md``), off until all of it is built.
         self.spill_at = spill_at
         self._run_cache: dict[str, list[Job]] = {}  # runs read or written; they never change
+        self._key_cache: dict[str, dict[str, KeyRecord]] = {}  # the same for key runs
         self._runs_missing: list[str] | None = None  # runs found gone by the last try
         self._next_run_sweep = float("-inf")  # monotonic time to look for orphan runs again
         self.clock = clock
@@ -526,6 +528,7 @@ class Engine:
                 )
             state, version = QueueState(doc), blob.version
         state.run_contents = self._run_cache
+        state.key_contents = self._key_cache
         self._state, self._version = state, version
         self._synced_at = time.monotonic()
         return state
@@ -555,10 +558,11 @@ class Engine:
         cache keeps the runs read last (runs never change), up to :data:`RUN_CACHE_SIZE`
         besides those this batch needs."""
         needed = runs_needed(state, [op.op for op in ops], now)
-        cache = self._run_cache
         keep = {ref.key for _, ref in needed}
-        for key in [k for k in cache if k not in keep][: max(len(cache) - RUN_CACHE_SIZE, 0)]:
-            del cache[key]  # the oldest read first
+        for cache in (self._run_cache, self._key_cache):
+            spare = [k for k in cache if k not in keep]
+            for key in spare[: max(len(cache) - RUN_CACHE_SIZE, 0)]:
+                del cache[key]  # the oldest read first
         missing = read_runs(self.store, state, needed) if needed else []
         if not missing:
             self._runs_missing = None
@@ -618,6 +622,7 @@ class Engine:
         consumed, state.unused_runs = state.unused_runs, []
         for key in consumed:
             self._run_cache.pop(key, None)
+            self._key_cache.pop(key, None)
         self._janitor.delete(consumed, "consumed run")
         self._sweep_runs(state)
 
@@ -637,14 +642,14 @@ class Engine:
         """Now and then (first after this engine's first commit, so a process restarted after
         a crash cleans up after it), delete the runs no commit can refer to any more: those a
         process wrote before it died or lost its commit (:func:`orphan_runs`)."""
-        if self.spill_at is None and not state.doc.runs:
+        if self.spill_at is None and not state.doc.has_runs():
             return
         now = time.monotonic()
         if now < self._next_run_sweep:
             return
         self._next_run_sweep = now + RUN_SWEEP_SECONDS
         version = state.doc.version
-        referenced = {ref.key for _, ref in state.runs_of()}
+        referenced = state.doc.run_keys()
 
         def find() -> list[str]:
             return orphan_runs(self.store.list(RUNS_PREFIX), version, referenced)

@@ -16,7 +16,14 @@ from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.commit import STATE_KEY
 from objq_broker.engine.runs import read_runs
 from objq_broker.errors import StorageError
-from objq_broker.model.records import BrokerRecord, Job, JobState, QueueConfig, decode_state
+from objq_broker.model.records import (
+    BrokerRecord,
+    Job,
+    JobState,
+    QueueConfig,
+    RunRef,
+    decode_state,
+)
 from objq_broker.model.state import QueueState, QueueStats
 from objq_broker.storage import ObjectStore
 
@@ -86,6 +93,9 @@ class Snapshot:
         return self._state.config(queue)
 
     def stats(self, queue: str) -> QueueStats:
+        # Timed runs with jobs due are read to count them ready: delayed jobs of a deep
+        # backlog that came due since the last commit.
+        self._read([(q, ref) for q, ref in self._state.due_runs(self.read_at) if q == queue])
         return self._state.stats(queue, self.read_at)
 
     # --- jobs ------------------------------------------------------------------------------
@@ -94,16 +104,16 @@ class Snapshot:
         self, queue: str, state: JobState | None = None, limit: int | None = None
     ) -> list[tuple[JobState, Job]]:
         """Jobs of ``queue`` in claim order (dead letters last), payloads not loaded."""
-        self._read_runs(queue)
+        self._read([*self._state.runs_of(queue), *self._state.dead_runs_of(queue)])
         return self._state.list_jobs(queue, self.read_at, state, limit)
 
     def find(self, job_id: str) -> tuple[JobState, Job] | None:
-        self._read_runs(None)
+        self._read([*self._state.runs_of(), *self._state.dead_runs_of()])
         return self._state.find(job_id, self.read_at)
 
-    def _read_runs(self, queue: str | None) -> None:
-        """Read the runs of ``queue`` (of every queue when None) that listing needs."""
-        missing = read_runs(self.store, self._state, self._state.runs_of(queue))
+    def _read(self, runs: list[tuple[str, RunRef]]) -> None:
+        """Read ``runs`` (several at once), which a listing or a lookup needs."""
+        missing = read_runs(self.store, self._state, runs)
         if missing:
             raise StorageError(
                 f"{self.store.url}: runs {', '.join(missing)} were consumed after the state was "
@@ -111,18 +121,21 @@ class Snapshot:
             )
 
     def dead_letters(self, queue: str) -> list[Job]:
+        self._read(self._state.dead_runs_of(queue))
         return self._state.dead_letters(queue)
 
     def all_live(self) -> Iterator[tuple[JobState, Job]]:
         """Every job not yet finished, of every queue (those waiting in runs included), in
         no order."""
-        self._read_runs(None)
+        self._read(self._state.runs_of())
         for job in [*self._state.jobs.values(), *self._state.run_jobs()]:
             yield job.state_at(self.read_at), job
 
     def all_dead(self) -> Iterator[Job]:
-        """Every dead letter of every queue, in no order."""
-        yield from self._state.dead.values()
+        """Every dead letter of every queue (those in dead runs included), in no order."""
+        self._read(self._state.dead_runs_of())
+        for queue in self._state.queue_names():
+            yield from self._state.dead_letters(queue)
 
     def fill(self, job: Job) -> Job:
         """``job`` with its payload, loaded from its bodies object if kept out of line."""

@@ -38,11 +38,12 @@ from objq_broker.model.records import (
     BrokerRecord,
     Job,
     JobState,
+    KeyRunRef,
     NackResult,
     QueueConfig,
     RunRef,
 )
-from objq_broker.model.state import NewJob, QueueState, QueueStats, StagedBodies
+from objq_broker.model.state import NewJob, QueueState, QueueStats, StagedBodies, key_slot
 
 T = TypeVar("T")
 Held = tuple[str, str]  # (job id, lease token)
@@ -468,26 +469,67 @@ def _outcome(run: Any, state: QueueState, now: float) -> tuple[bool, Any]:
         return False, exc
 
 
-def runs_needed(state: QueueState, ops: Sequence[Op[Any]], now: float) -> list[tuple[str, RunRef]]:
+def runs_needed(
+    state: QueueState, ops: Sequence[Op[Any]], now: float
+) -> list[tuple[str, RunRef | KeyRunRef]]:
     """The runs (as (queue, ref)) that applying ``ops`` to ``state`` at ``now`` may read: what
     the engine has read (or reads) before applying a batch, so the model stays pure. Timed runs
-    with jobs due are always among them: every commit promotes those."""
-    wanted: dict[str, tuple[str, RunRef]] = {ref.key: (q, ref) for q, ref in state.due_runs(now)}
+    with jobs due and dead runs with dead letters past retention are always among them: every
+    commit promotes or drops those."""
+    found: list[tuple[str, RunRef | KeyRunRef]] = [
+        *state.due_runs(now),
+        *state.expired_dead_runs(now),
+    ]
     claims: dict[str, int] = {}
     for op in _flat(ops):
         if isinstance(op, Claim):
             for name in op.queues:
                 claims[name] = claims.get(name, 0) + len(op.tokens)
-        elif isinstance(op, Purge | DeleteQueue | ListJobs):
-            wanted.update((ref.key, (q, ref)) for q, ref in state.runs_of(op.queue))
-        elif isinstance(op, FindJob):
-            wanted.update((ref.key, (q, ref)) for q, ref in state.runs_of())
-        elif isinstance(op, Enqueue):
-            for name in {item.queue for item in op.items if item.key is not None}:
-                wanted.update((ref.key, (q, ref)) for q, ref in state.runs_of(name))
+        else:
+            found += _looked_into(state, op, now)
     for name, n in claims.items():
-        wanted.update((ref.key, (q, ref)) for q, ref in state.runs_to_claim(name, n))
-    return list(wanted.values())
+        found += state.runs_to_claim(name, n)
+    return list({ref.key: (queue, ref) for queue, ref in found}.values())
+
+
+def _looked_into(
+    state: QueueState, op: Op[Any], now: float
+) -> list[tuple[str, RunRef | KeyRunRef]]:
+    """The runs ``op`` (not a claim) reads, besides those every commit reads."""
+    found: list[tuple[str, RunRef | KeyRunRef]] = []
+    if isinstance(op, Purge):
+        found += state.runs_of(op.queue)
+    elif isinstance(op, DeleteQueue | FindJob):
+        queue = op.queue if isinstance(op, DeleteQueue) else None
+        found += [*state.runs_of(queue), *state.dead_runs_of(queue)]
+    elif isinstance(op, ListJobs):
+        found += state.runs_of(op.queue) if op.state != "dead" else []
+        found += state.dead_runs_of(op.queue) if op.state in (None, "dead") else []
+    elif isinstance(op, DeadLetters | RetryDead | PurgeDead):
+        found += state.dead_runs_of(op.queue)
+    elif isinstance(op, EnqueueStaged):
+        found += state.key_runs_of(op.queue)
+    elif isinstance(op, Enqueue):
+        found += _keyed_enqueue_runs(state, op.items, now)
+    return found
+
+
+def _keyed_enqueue_runs(
+    state: QueueState, items: list[NewJob], now: float
+) -> list[tuple[str, RunRef | KeyRunRef]]:
+    """An idempotency key may be in its queue's key runs. When the head's record of it
+    points to a job that left the head, that job may wait in a run or a dead run: reporting it
+    as it is needs them (a key out of the head is answered by id, without reading the runs)."""
+    found: list[tuple[str, RunRef | KeyRunRef]] = []
+    for queue in {item.queue for item in items if item.key is not None}:
+        found += state.key_runs_of(queue)
+    for item in items:
+        record = None if item.key is None else state.doc.keys.get(key_slot(item.queue, item.key))
+        if record is None or record.expires_at <= now:
+            continue
+        if record.job_id not in state.jobs and record.job_id not in state.dead:
+            found += [*state.runs_of(item.queue), *state.dead_runs_of(item.queue)]
+    return found
 
 
 def _flat(ops: Sequence[Op[Any]]) -> list[Op[Any]]:

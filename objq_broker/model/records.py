@@ -150,9 +150,10 @@ class SessionMark(msgspec.Struct, array_like=True):
     at: float
 
 
-#: Ready runs are claimed in (priority, seq) order; timed runs come due in (visible_at, seq).
-RunKind = Literal["ready", "timed"]
-#: A job's place in its run: (priority, seq) or (visible_at, seq).
+#: Ready runs are claimed in (priority, seq) order; timed runs come due in (visible_at, seq);
+#: dead runs (dead letters out of the head) expire in (finished_at, seq) order.
+RunKind = Literal["ready", "timed", "dead"]
+#: A job's place in its run: (priority, seq), (visible_at, seq) or (finished_at, seq).
 OrderKey = tuple[int | float, int]
 
 
@@ -171,6 +172,15 @@ class RunRef(msgspec.Struct, kw_only=True, array_like=True):
     @property
     def remaining(self) -> int:
         return self.count - self.taken
+
+
+class KeyRunRef(msgspec.Struct, kw_only=True, array_like=True):
+    """Idempotency keys of one queue kept out of the head (:mod:`objq_broker.model.runs`):
+    ``count`` of them, all expired by ``expires``, when the run is dropped whole."""
+
+    key: str
+    count: int
+    expires: float
 
 
 class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -197,6 +207,21 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     sessions: dict[str, SessionMark] = msgspec.field(default_factory=dict)
     #: Each queue's backlog kept out of the head, in runs (format 2 only).
     runs: dict[str, list[RunRef]] = msgspec.field(default_factory=dict)
+    #: Each queue's dead letters kept out of the head, in dead runs (format 2 only).
+    dead_runs: dict[str, list[RunRef]] = msgspec.field(default_factory=dict)
+    #: Each queue's idempotency keys kept out of the head (format 2 only).
+    key_runs: dict[str, list[KeyRunRef]] = msgspec.field(default_factory=dict)
+
+    def has_runs(self) -> bool:
+        """Whether anything is kept out of the head (the state then needs format 2)."""
+        return bool(self.runs or self.dead_runs or self.key_runs)
+
+    def run_keys(self) -> set[str]:
+        """The keys of every run this state refers to, of every kind."""
+        refs: list[RunRef | KeyRunRef] = [r for runs in self.runs.values() for r in runs]
+        refs += [r for runs in self.dead_runs.values() for r in runs]
+        refs += [r for runs in self.key_runs.values() for r in runs]
+        return {ref.key for ref in refs}
 
 
 class ArchiveRecord(msgspec.Struct, omit_defaults=True):
@@ -224,7 +249,7 @@ def decode_state(data: bytes, where: str) -> StateDoc:
         raise StateCorrupt(_corrupt_message(where, _describe_format(data), str(exc))) from exc
     if doc.format not in READABLE_FORMATS:
         raise StateCorrupt(_corrupt_message(where, f"format {doc.format!r}", "unknown format"))
-    if doc.runs and doc.format != RUNS_FORMAT_VERSION:
+    if doc.has_runs() and doc.format != RUNS_FORMAT_VERSION:
         raise StateCorrupt(
             _corrupt_message(where, f"format {doc.format} with runs", "runs need format 2")
         )

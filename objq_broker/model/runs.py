@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 import msgspec
 
 from objq_broker.errors import StateCorrupt
-from objq_broker.model.records import Job, OrderKey, RunKind, RunRef
+from objq_broker.model.records import Job, KeyRecord, KeyRunRef, OrderKey, RunKind, RunRef
 
 #: The run object format this code reads and writes.
 RUN_FORMAT = 1
@@ -70,7 +70,11 @@ def orphan_runs(listed: Iterable[str], version: int, referenced: Collection[str]
 
 def order_key(kind: RunKind, job: Job) -> OrderKey:
     """Where ``job`` sorts in a run of ``kind``."""
-    return (job.priority, job.seq) if kind == "ready" else (job.visible_at, job.seq)
+    if kind == "ready":
+        return (job.priority, job.seq)
+    if kind == "timed":
+        return (job.visible_at, job.seq)
+    return (job.finished_at or 0.0, job.seq)
 
 
 def build_run(key: str, queue: str, kind: RunKind, jobs: Sequence[Job]) -> tuple[RunRef, bytes]:
@@ -117,6 +121,47 @@ def decode_run(ref: RunRef, queue: str, data: bytes) -> list[Job]:
     if keys != sorted(keys) or any(job.queue != queue for job in doc.jobs):
         raise StateCorrupt(f"run {ref.key}: expected jobs of {queue!r} in order, found otherwise")
     return doc.jobs
+
+
+class KeyRunDoc(msgspec.Struct, kw_only=True):
+    """Idempotency keys kept out of the head, as stored: slot (``queue/key``) to record."""
+
+    format: int
+    queue: str
+    keys: dict[str, KeyRecord]
+
+
+_key_decoder = msgspec.json.Decoder(KeyRunDoc)
+
+
+def build_key_run(
+    key: str, queue: str, records: Mapping[str, KeyRecord]
+) -> tuple[KeyRunRef, bytes]:
+    """The reference and the stored bytes of a run of idempotency keys."""
+    if not records:
+        raise ValueError(f"key run {key}: expected at least one key, found none")
+    doc = KeyRunDoc(format=RUN_FORMAT, queue=queue, keys=dict(records))
+    expires = max(record.expires_at for record in records.values())
+    return KeyRunRef(key=key, count=len(records), expires=expires), _encoder.encode(doc)
+
+
+def decode_key_run(ref: KeyRunRef, queue: str, data: bytes) -> dict[str, KeyRecord]:
+    """The keys of the key run ``ref`` refers to, checked against it (:class:`StateCorrupt`
+    saying what was expected and what was found otherwise)."""
+    try:
+        doc = _key_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise StateCorrupt(
+            f"key run {ref.key}: expected a key run object of format {RUN_FORMAT}, found "
+            f"{len(data)} bytes that do not decode as one ({exc})"
+        ) from exc
+    expected = (RUN_FORMAT, queue, ref.count)
+    found = (doc.format, doc.queue, len(doc.keys))
+    if found != expected:
+        raise StateCorrupt(
+            f"key run {ref.key}: expected (format, queue, keys) {expected!r}, found {found!r}"
+        )
+    return doc.keys
 
 
 class RunMerge:
@@ -175,14 +220,15 @@ class RunMerge:
         return suffix
 
 
-def take_due(ref: RunRef, jobs: list[Job], now: float) -> list[Job]:
-    """Take the jobs of the timed run ``ref`` (its contents ``jobs``) that are due at ``now``,
-    moving the run on; copies, to be placed in the head."""
+def take_due(ref: RunRef, jobs: list[Job], until: float) -> list[Job]:
+    """Take the jobs at the front of ``ref`` (its contents ``jobs``) whose time (``visible_at``
+    in a timed run, ``finished_at`` in a dead one) is ``until`` or earlier, moving the run on;
+    copies, to be placed in the head (or dropped)."""
     due: list[Job] = []
-    while ref.remaining and jobs[ref.taken].visible_at <= now:
+    while ref.remaining and order_key(ref.kind, jobs[ref.taken])[0] <= until:
         due.append(msgspec.structs.replace(jobs[ref.taken]))
         ref.taken += 1
     if ref.remaining and due:
-        ref.next = order_key("timed", jobs[ref.taken])
+        ref.next = order_key(ref.kind, jobs[ref.taken])
         ref.oldest = min(job.enqueued_at for job in jobs[ref.taken :])
     return due

@@ -42,6 +42,7 @@ from objq_broker.model.records import (
     Job,
     JobState,
     KeyRecord,
+    KeyRunRef,
     Lease,
     NackResult,
     Outcome,
@@ -52,7 +53,7 @@ from objq_broker.model.records import (
     StateDoc,
     encode_state,
 )
-from objq_broker.model.runs import RunMerge, build_run, take_due
+from objq_broker.model.runs import RunMerge, build_key_run, build_run, order_key, take_due
 
 _ReadyEntry = tuple[int, int, str]  # (priority, seq, job id)
 #: Most jobs one run holds: a claimer reads (and caches) a run whole.
@@ -186,6 +187,8 @@ class QueueState:
         #: transition that needs a run finds it here; :func:`~objq_broker.model.ops.runs_needed`
         #: says which ones a batch needs.
         self.run_contents: dict[str, list[Job]] = {}
+        #: The same for key runs (idempotency keys out of the head).
+        self.key_contents: dict[str, dict[str, KeyRecord]] = {}
         #: Runs :meth:`spill` made for this commit: written (create-only) before the head.
         self.new_runs: list[tuple[str, bytes]] = []
         #: Runs whose jobs are all gone: delete them once the commit landed.
@@ -355,7 +358,8 @@ class QueueState:
         dead = [i for i, job in self.dead.items() if job.queue == queue]
         for job_id in dead:
             self._drop_body(self.dead.pop(job_id))
-        in_runs = self._drop_runs(queue)
+        in_runs = self._drop_runs(queue) + self._drop_dead_runs(queue)
+        self.unused_runs += [ref.key for ref in self.doc.key_runs.pop(queue, [])]
         del self.doc.queues[queue]
         self._members.pop(queue, None)
         self._ready.pop(queue, None)
@@ -406,7 +410,7 @@ class QueueState:
                 self.new_bodies.append(job)
             if item.key is not None:
                 expires = now + config.idempotency_seconds
-                self.doc.keys[_key_slot(item.queue, item.key)] = KeyRecord(job.id, expires)
+                self.doc.keys[key_slot(item.queue, item.key)] = KeyRecord(job.id, expires)
                 self._sweep_at = min(self._sweep_at, expires)
             self.dirty = True
             created.append(snapshot(job))
@@ -415,17 +419,19 @@ class QueueState:
     def _existing_for_key(self, item: NewJob, now: float) -> Job | None:
         if item.key is None:
             return None
-        record = self.doc.keys.get(_key_slot(item.queue, item.key))
+        record = self.key_record(item.queue, item.key)
         if record is None or record.expires_at <= now:
             return None
         live = (
             self.jobs.get(record.job_id)
             or self.dead.get(record.job_id)
             or self._in_runs(record.job_id, item.queue)
+            or self._in_dead_runs(record.job_id, item.queue)
         )
         if live is not None:
             return snapshot(live)
-        # The first job already finished: report it by id, as it was asked for.
+        # The first job already finished (or, its key out of the head, waits in a run that
+        # was not read): report it by id, as it was asked for.
         config = self.doc.queues[item.queue]
         enqueued_at = record.expires_at - config.idempotency_seconds
         return _finished_job(item, now, config, job_id=record.job_id, enqueued_at=enqueued_at)
@@ -450,8 +456,8 @@ class QueueState:
         same id adds nothing and returns None (a retried commit); otherwise it returns how many
         jobs were added. ``ids`` holds one new job id per entry, in order."""
         check_queue_name(queue)
-        slot = _key_slot(queue, f"{STAGED_WRITE_KEY}{write_id}")
-        record = self.doc.keys.get(slot)
+        slot = key_slot(queue, f"{STAGED_WRITE_KEY}{write_id}")
+        record = self.key_record(queue, f"{STAGED_WRITE_KEY}{write_id}")
         if record is not None and record.expires_at > now:
             return None
         self._check_staged(queue, staged, ids, max_attempts)
@@ -580,6 +586,39 @@ class QueueState:
         for queue in list(self._members):
             self._spill_ready(queue, bound, key_for, run_jobs)
             self._spill_timed(queue, bound, key_for, run_jobs)
+        self._spill_dead(bound, key_for, run_jobs)
+        self._spill_keys(bound, key_for, run_jobs)
+
+    def _spill_dead(self, bound: int, key_for: Callable[[int], str], run_jobs: int) -> None:
+        if len(self.dead) <= bound:
+            return  # no queue can be past the bound: skip the scan on every commit
+        by_queue: dict[str, list[Job]] = {}
+        for job in self.dead.values():
+            by_queue.setdefault(job.queue, []).append(job)
+        for queue, jobs in by_queue.items():
+            if len(jobs) > bound:
+                jobs.sort(key=lambda job: order_key("dead", job))
+                self._write_out(queue, "dead", jobs, key_for, run_jobs)
+
+    def _spill_keys(self, bound: int, key_for: Callable[[int], str], run_jobs: int) -> None:
+        if len(self.doc.keys) <= bound:
+            return
+        by_queue: dict[str, dict[str, KeyRecord]] = {}
+        for slot, record in self.doc.keys.items():
+            by_queue.setdefault(slot.split("/", 1)[0], {})[slot] = record
+        for queue, records in by_queue.items():
+            if len(records) <= bound:
+                continue
+            slots = sorted(records, key=lambda slot: records[slot].expires_at)
+            for start in range(0, len(slots), run_jobs):
+                chunk = {slot: records[slot] for slot in slots[start : start + run_jobs]}
+                ref, data = build_key_run(key_for(len(self.new_runs)), queue, chunk)
+                self.doc.key_runs.setdefault(queue, []).append(ref)
+                self.new_runs.append((ref.key, data))
+                self.key_contents[ref.key] = chunk  # its producer is the likeliest to ask
+            for slot in slots:
+                del self.doc.keys[slot]
+            self.dirty = True
 
     def _spill_ready(
         self, queue: str, bound: int, key_for: Callable[[int], str], run_jobs: int
@@ -616,21 +655,50 @@ class QueueState:
         run_jobs: int,
     ) -> None:
         """Move ``jobs`` (in their run's order) out of the head into runs of ``kind``."""
-        refs = self.doc.runs.setdefault(queue, [])
+        runs = self.doc.dead_runs if kind == "dead" else self.doc.runs
+        refs = runs.setdefault(queue, [])
         for start in range(0, len(jobs), run_jobs):
             chunk = jobs[start : start + run_jobs]
             ref, data = build_run(key_for(len(self.new_runs)), queue, kind, chunk)
             refs.append(ref)
             self.new_runs.append((ref.key, data))
         for job in jobs:
-            self._forget(job)
-        self._runs[queue] = RunMerge(refs)
+            if kind == "dead":
+                del self.dead[job.id]
+            else:
+                self._forget(job)
+        if kind != "dead":
+            self._runs[queue] = RunMerge(refs)
         self.dirty = True
 
     def runs_of(self, queue: str | None = None) -> list[tuple[str, RunRef]]:
         """The runs of ``queue`` (of every queue when None) with jobs left, as (queue, ref)."""
         names = list(self.doc.runs) if queue is None else [queue]
         return [(q, r) for q in names for r in self.doc.runs.get(q, []) if r.remaining]
+
+    def dead_runs_of(self, queue: str | None = None) -> list[tuple[str, RunRef]]:
+        """The dead runs of ``queue`` (every queue when None) with jobs left, as (queue, ref)."""
+        names = list(self.doc.dead_runs) if queue is None else [queue]
+        return [(q, r) for q in names for r in self.doc.dead_runs.get(q, []) if r.remaining]
+
+    def key_runs_of(self, queue: str) -> list[tuple[str, KeyRunRef]]:
+        """The key runs of ``queue``, as (queue, ref)."""
+        return [(queue, ref) for ref in self.doc.key_runs.get(queue, [])]
+
+    def key_record(self, queue: str, key: str) -> KeyRecord | None:
+        """The latest record of idempotency key ``key`` of ``queue``, in the head or in its
+        key runs (read first: :func:`~objq_broker.model.ops.runs_needed`)."""
+        slot = key_slot(queue, key)
+        record = self.doc.keys.get(slot)
+        if record is not None:
+            return record
+        for ref in reversed(self.doc.key_runs.get(queue, [])):  # the latest first
+            keys = self.key_contents.get(ref.key)
+            if keys is None:
+                raise KeyError(f"key run {ref.key} was not read before the enqueue that needs it")
+            if slot in keys:
+                return keys[slot]
+        return None
 
     def runs_to_claim(self, queue: str, n: int) -> list[tuple[str, RunRef]]:
         """The runs that claiming ``n`` jobs of ``queue`` could take from."""
@@ -662,6 +730,59 @@ class QueueState:
         else:
             del self.doc.runs[queue]
             del self._runs[queue]
+
+    def _drop_dead_runs(self, queue: str) -> int:
+        """Remove every dead run of ``queue``; returns how many dead letters they held."""
+        doomed = self.dead_run_jobs(queue)
+        for job in doomed:
+            self._drop_body(job)
+        self.unused_runs += [ref.key for ref in self.doc.dead_runs.pop(queue, [])]
+        return len(doomed)
+
+    def dead_run_jobs(self, queue: str | None, *, read_only: bool = False) -> list[Job]:
+        found: list[Job] = []
+        for _, ref in self.dead_runs_of(queue):
+            if not read_only or ref.key in self.run_contents:
+                found += self._contents(ref)[ref.taken :]
+        return found
+
+    def _in_dead_runs(self, job_id: str, queue: str | None = None) -> Job | None:
+        """The dead letter ``job_id`` if it is in a dead run (of ``queue``) that was read."""
+        jobs = self.dead_run_jobs(queue, read_only=True) if self.doc.dead_runs else []
+        return next((job for job in jobs if job.id == job_id), None)
+
+    def _unspill_dead(self, queue: str) -> None:
+        """Bring ``queue``'s dead runs back into the head, for a retry or purge to pick from
+        (a later spill writes out what is left)."""
+        for job in self.dead_run_jobs(queue):
+            self.dead[job.id] = msgspec.structs.replace(job)
+        refs = self.doc.dead_runs.pop(queue, [])
+        self.unused_runs += [ref.key for ref in refs]
+        if refs:
+            self.dirty = True
+
+    def expired_dead_runs(self, now: float) -> list[tuple[str, RunRef]]:
+        """The dead runs (queue, ref) whose first dead letter is past its queue's retention."""
+        return [
+            (queue, ref)
+            for queue, ref in self.dead_runs_of()
+            if ref.next[0] + self.config(queue).dead_ttl_seconds <= now
+        ]
+
+    def _expire_dead_runs(self, now: float) -> None:
+        for queue, ref in self.expired_dead_runs(now):
+            cutoff = now - self.config(queue).dead_ttl_seconds
+            for job in take_due(ref, self._contents(ref), cutoff):
+                self._drop_body(job)
+            self.dirty = True
+        for queue in list(self.doc.dead_runs):
+            refs = self.doc.dead_runs[queue]
+            self.unused_runs += [ref.key for ref in refs if not ref.remaining]
+            left = [ref for ref in refs if ref.remaining]
+            if left:
+                self.doc.dead_runs[queue] = left
+            else:
+                del self.doc.dead_runs[queue]
 
     def _drop_runs(self, queue: str) -> int:
         """Remove every run of ``queue``; returns how many jobs they still held."""
@@ -783,6 +904,8 @@ class QueueState:
             self._promote_runs(queue, now)
         if now >= self._sweep_at:  # every commit calls this: scan retention only when due
             self._sweep(now)
+        if self.doc.dead_runs:
+            self._expire_dead_runs(now)
         return expired
 
     def _dead_expiry(self, job: Job) -> float:
@@ -805,22 +928,44 @@ class QueueState:
                 self.dirty = True
             else:
                 upcoming = min(upcoming, record.expires_at)
+        for queue, refs in list(self.doc.key_runs.items()):
+            left = [ref for ref in refs if ref.expires > now]
+            self.unused_runs += [ref.key for ref in refs if ref.expires <= now]
+            upcoming = min([upcoming, *(ref.expires for ref in left)])
+            if len(left) < len(refs):
+                self.dirty = True
+                if left:
+                    self.doc.key_runs[queue] = left
+                else:
+                    del self.doc.key_runs[queue]
         self._sweep_at = upcoming
 
     # --- dead letters ----------------------------------------------------------------------
 
     def dead_letters(self, queue: str) -> list[Job]:
+        """Dead letters of ``queue`` by death time, those in dead runs (read first) included."""
         self.config(queue)
         found = [snapshot(job) for job in self.dead.values() if job.queue == queue]
-        return sorted(found, key=lambda job: (job.finished_at or 0.0, job.seq))
+        found += [snapshot(job) for job in self.dead_run_jobs(queue)]
+        return sorted(found, key=lambda job: order_key("dead", job))
 
     def _dead_ids(self, queue: str, ids: list[str] | None) -> list[str]:
+        """The dead letters of ``queue`` that ``ids`` name (all when None), brought into the
+        head if they are in dead runs; nothing changes when one of them is not found."""
         self.config(queue)
+        in_runs = {job.id for job in self.dead_run_jobs(queue)}
         if ids is None:
+            self._unspill_dead(queue)
             return [i for i, job in self.dead.items() if job.queue == queue]
-        missing = [i for i in ids if i not in self.dead or self.dead[i].queue != queue]
+        missing = [
+            i
+            for i in ids
+            if i not in in_runs and (i not in self.dead or self.dead[i].queue != queue)
+        ]
         if missing:
             raise JobNotFound(f"queue {queue!r}: no dead letters with ids {missing}")
+        if in_runs.intersection(ids):
+            self._unspill_dead(queue)
         return list(dict.fromkeys(ids))
 
     def retry_dead(self, queue: str, ids: list[str] | None, now: float) -> list[str]:
@@ -880,6 +1025,7 @@ class QueueState:
                 first = min(job.enqueued_at for job in due)
                 oldest = first if oldest is None else min(oldest, first)
         dead = sum(1 for job in self.dead.values() if job.queue == queue)
+        dead += sum(ref.remaining for _, ref in self.dead_runs_of(queue))
         age = None if oldest is None else max(now - oldest, 0.0)
         return QueueStats(queue, ready, delayed, in_flight, dead, age)
 
@@ -888,7 +1034,7 @@ class QueueState:
         job = self.jobs.get(job_id) or self._in_runs(job_id)
         if job is not None:
             return job.state_at(now), snapshot(job)
-        dead = self.dead.get(job_id)
+        dead = self.dead.get(job_id) or self._in_dead_runs(job_id)
         return None if dead is None else ("dead", snapshot(dead))
 
     def _in_runs(self, job_id: str, queue: str | None = None) -> Job | None:
@@ -1014,7 +1160,7 @@ class QueueState:
         return entries
 
     def to_doc(self) -> StateDoc:
-        self.doc.format = RUNS_FORMAT_VERSION if self.doc.runs else FORMAT_VERSION
+        self.doc.format = RUNS_FORMAT_VERSION if self.doc.has_runs() else FORMAT_VERSION
         self.doc.jobs = list(self.jobs.values())
         self.doc.dead = list(self.dead.values())
         return self.doc
@@ -1031,7 +1177,7 @@ class QueueState:
                 raw[job_id] = msgspec.Raw(_job_encoder.encode(job))
         self._stale.clear()
         doc = self.doc
-        doc.format = RUNS_FORMAT_VERSION if doc.runs else FORMAT_VERSION
+        doc.format = RUNS_FORMAT_VERSION if doc.has_runs() else FORMAT_VERSION
         # msgspec encodes what a field holds: Raw fragments splice in as they are, so a deep
         # queue costs a copy, not a Python loop. ``raw`` holds exactly the live jobs (in its own
         # order; the order of jobs in the document carries no meaning).
@@ -1072,5 +1218,6 @@ def _finished_job(
     )
 
 
-def _key_slot(queue: str, key: str) -> str:
+def key_slot(queue: str, key: str) -> str:
+    """Where an idempotency key of ``queue`` is recorded."""
     return f"{queue}/{key}"

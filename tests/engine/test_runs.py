@@ -18,7 +18,8 @@ from objq_broker.engine import Engine
 from objq_broker.engine.commit import RUN_CACHE_SIZE, STATE_KEY
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import StateCorrupt
-from objq_broker.model.records import Job, RunRef, decode_state
+from objq_broker.model.ops import DeadLetters, Expire, FindJob
+from objq_broker.model.records import Job, RunRef, StateDoc, decode_state
 from objq_broker.storage import MemoryStore, ObjectStore, open_store
 from objq_broker.storage.faulty import FaultyStore
 
@@ -279,3 +280,91 @@ def runs_of(store: ObjectStore) -> list[RunRef]:
     blob = store.read(STATE_KEY)
     assert blob is not None
     return [ref for refs in decode_state(blob.data, "test").runs.values() for ref in refs]
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_dead_letters_past_the_bound_leave_the_head_and_stay_exact(store: ObjectStore) -> None:
+    clock = Clock()
+    engine = Engine(store, spill_at=BOUND, clock=clock)
+    try:
+        engine.call(ops.declare("q", {"max_attempts": 1, "dead_ttl_seconds": 100}))
+        engine.call(ops.enqueue("q", [f"job {n}".encode() for n in range(JOBS)]))
+        died = []
+        claimed: list[Job] = engine.call(ops.claim(["q"], JOBS, owner="test"))
+        for delivery in ops.deliveries(claimed):
+            clock.now += 1
+            assert engine.call(ops.nack(delivery, error="boom", retry=False)) == "dead"
+            died.append(delivery.id)
+        doc = stored_doc(store)
+        assert len(doc.dead) <= BOUND and doc.dead_runs, "dead letters did not leave the head"
+        assert engine.call(ops.stats(["q"]))[0].dead == JOBS
+
+        other = Engine(store, spill_at=BOUND, clock=clock)  # another process: reads the runs
+        try:
+            assert [job.id for job in other.call(DeadLetters("q"))] == died
+            assert other.call(FindJob(died[0])) is not None
+            assert Snapshot.read(store).dead_letters("q") == other.call(DeadLetters("q"))
+            assert other.call(ops.retry_dead("q", [died[0]])) == [died[0]]
+            stats = other.call(ops.stats(["q"]))[0]
+            assert (stats.ready, stats.dead) == (1, JOBS - 1)
+        finally:
+            other.close()
+        # Past retention the dead runs go, a few dead letters at a time as their time comes.
+        clock.now += 100 - JOBS // 2
+        engine.call(Expire())
+        assert engine.call(ops.stats(["q"]))[0].dead == JOBS // 2
+        clock.now += JOBS
+        engine.call(Expire())
+        assert engine.call(ops.stats(["q"]))[0].dead == 0
+        engine.flush()
+        assert not stored_doc(store).dead_runs
+        assert store.list("runs/") == [], "a dead run past retention was left"
+    finally:
+        engine.close()
+
+
+def test_idempotency_keys_past_the_bound_leave_the_head_and_still_hold(
+    store: ObjectStore,
+) -> None:
+    clock = Clock()
+    engine = Engine(store, spill_at=BOUND, clock=clock)
+    try:
+        engine.call(ops.declare("q", {"idempotency_seconds": 50}))
+        first = {}
+        for n in range(JOBS):
+            clock.now += 1
+            (job,) = engine.call(ops.enqueue("q", [b"x"], keys=[f"k{n}"]))
+            first[f"k{n}"] = job.id
+        doc = stored_doc(store)
+        assert len(doc.keys) <= BOUND and doc.key_runs, "keys did not leave the head"
+
+        other = Engine(store, spill_at=BOUND, clock=clock)  # reads the key runs it needs
+        try:
+            again = other.call(ops.enqueue("q", [b"y", b"z"], keys=["k0", "k1"]))
+            assert [job.id for job in again] == [first["k0"], first["k1"]]
+            assert other.call(ops.stats(["q"]))[0].ready == JOBS
+        finally:
+            other.close()
+        # Past the window the key runs go, and a key makes a new job again.
+        clock.now += 50
+        (fresh,) = engine.call(ops.enqueue("q", [b"x"], keys=["k0"]))
+        assert fresh.id != first["k0"]
+        engine.flush()
+        assert not stored_doc(store).key_runs
+    finally:
+        engine.close()
+
+
+def stored_doc(store: ObjectStore) -> StateDoc:
+    blob = store.read(STATE_KEY)
+    assert blob is not None
+    return decode_state(blob.data, "test")

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import rule, run_state_machine_as_test
 
 from objq_broker.model.records import Job, StateDoc
-from objq_broker.model.runs import decode_run, run_key
+from objq_broker.model.runs import decode_key_run, decode_run, run_key
 from objq_broker.model.state import QueueState
 from tests.model.test_state_model import SETTINGS, QueueMachine
 
@@ -28,14 +28,30 @@ class SegmentedMachine(QueueMachine):
 
     def new_state(self, doc: StateDoc | None = None) -> QueueState:
         state = QueueState(doc)
-        for queue, ref in state.runs_of():
-            state.run_contents[ref.key] = decode_run(ref, queue, self.stored[ref.key])
+        self.read_runs(state)
         return state
+
+    def read_runs(self, state: QueueState) -> None:
+        """As the engine does before a batch, read the runs it refers to (here, all of them:
+        each is read once, so every later operation finds what it needs)."""
+        for queue, ref in [*state.runs_of(), *state.dead_runs_of()]:
+            if ref.key not in state.run_contents:
+                state.run_contents[ref.key] = decode_run(ref, queue, self.stored[ref.key])
+        for queue in state.doc.key_runs:
+            for _, keys in state.key_runs_of(queue):
+                if keys.key not in state.key_contents:
+                    data = self.stored[keys.key]
+                    state.key_contents[keys.key] = decode_key_run(keys, queue, data)
 
     def live_jobs(self) -> dict[str, Job]:
         in_runs = {job.id: job for job in self.state.run_jobs()}
         assert not in_runs.keys() & self.state.jobs.keys(), "a job both in a run and the head"
         return {**self.state.jobs, **in_runs}
+
+    def dead_jobs(self) -> dict[str, Job]:
+        in_runs = {job.id: job for job in self.state.dead_run_jobs(None)}
+        assert not in_runs.keys() & self.state.dead.keys(), "a dead letter in a run and the head"
+        return {**self.state.dead, **in_runs}
 
     @rule(bound=st.integers(0, 3), run_jobs=st.integers(1, 3))
     def spill(self, bound: int, run_jobs: int) -> None:
@@ -45,14 +61,13 @@ class SegmentedMachine(QueueMachine):
         number = next(self.commits)
         key_for = functools.partial(run_key, number, f"c{number}")
         self.state.spill(bound, key_for, run_jobs=run_jobs)
+        kinds = {ref.key: ref.kind for refs in self.state.doc.runs.values() for ref in refs}
+        kinds |= {ref.key: "dead" for refs in self.state.doc.dead_runs.values() for ref in refs}
         for key, data in self.state.new_runs:
             self.stored[key] = data
-            event("spilled a run")
+            event(f"spilled a {kinds.get(key, 'key')} run")
         self.state.new_runs.clear()
-        # As the engine does before the next batch: read back the runs claims may reach.
-        for queue, ref in self.state.runs_of():
-            if ref.key not in self.state.run_contents:
-                self.state.run_contents[ref.key] = decode_run(ref, queue, self.stored[ref.key])
+        self.read_runs(self.state)
 
 
 def test_segmented_state_matches_reference_model() -> None:

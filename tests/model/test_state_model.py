@@ -400,6 +400,10 @@ class QueueMachine(RuleBasedStateMachine):
         """Every job the state holds that is not dead, by id."""
         return self.state.jobs
 
+    def dead_jobs(self) -> dict[str, Job]:
+        """Every dead letter the state holds, by id."""
+        return self.state.dead
+
     def deadlines(self) -> list[float]:
         """Future instants at which something changes, soonest first."""
         ref = self.ref
@@ -682,7 +686,8 @@ class QueueMachine(RuleBasedStateMachine):
         assert not live.keys() & dead.keys()
         jobs = self.live_jobs()
         assert set(jobs) == set(live)
-        assert set(self.state.dead) == set(dead)
+        dead_jobs = self.dead_jobs()
+        assert set(dead_jobs) == set(dead)
         for job_id, ref in live.items():
             job = jobs[job_id]
             assert (job.queue, job.priority, job.seq, job.max_attempts) == (
@@ -696,7 +701,7 @@ class QueueMachine(RuleBasedStateMachine):
             ref_lease = None if ref.token is None else (ref.token, ref.lease_expires_at)
             assert lease == ref_lease, job_id
         for job_id, ref in dead.items():
-            job = self.state.dead[job_id]
+            job = dead_jobs[job_id]
             assert job.lease is None
             assert (job.attempts, job.finished_at) == (ref.attempts, ref.finished_at), job_id
         for job_id in self.created:
