@@ -1,23 +1,27 @@
-"""How a commit's cost grows with the backlog: the state is rewritten whole on every commit.
+"""How a commit's cost grows with the backlog.
 
 Fills a ``file://`` queue to 1,000, 10,000 and 20,000 Dramatiq-sized messages (237 bytes, so
-they stay inside the state), 1,000 per ``enqueue_many``, and times small commits on it in a
-process of its own, as a worker: a claim of 10 and the ack of those 10, 20 times, reported as
-milliseconds per commit alongside the state object's size and the worker's peak memory.
+they stay inside the state; ``--payload-bytes`` for others), 1,000 per ``enqueue_many``, and
+times small commits on it in a process of its own, as a worker: a claim of 10 and the ack of
+those 10, 20 times, reported as milliseconds per commit alongside the state object's size (what
+every commit writes) and the worker's peak memory. ``--in-flight N``: the worker first claims N
+and holds them while it is timed (their leases live in the state).
 
-``--spill-at N`` runs the same with the segmented state's first part on (``docs/segments.md``,
-off by default): ready jobs past N per queue leave the state for runs, written once, so the
-state written by each commit stays small.
+The segmented state (``docs/segments.md``) is on, with the library's bound unless
+``--spill-at N`` says otherwise; ``--no-spill`` measures the state as one object.
 
     python benchmarks/commit_cost.py
-    python benchmarks/commit_cost.py --depths 1000 10000 100000 --spill-at 1000
+    python benchmarks/commit_cost.py --depths 1000 10000 100000 1000000 --payload-bytes 1024 \
+        --in-flight 1000
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import multiprocessing as mp
+import os
 import resource
 import tempfile
 import time
@@ -47,33 +51,57 @@ def message() -> bytes:
     ).encode()
 
 
-def rounds(url: str, spill_at: int | None, out: Any) -> None:
-    """In a process of its own, as a worker: open the queue, time ``ROUNDS`` claims of 10 and
-    their acks; report ms per commit and the process's peak RSS in MB."""
-    with Queue(url, broker="off", spill_at=spill_at) as queue:
+def payload(size: int) -> bytes:
+    """``size`` bytes of ASCII text (base64 of random bytes), as a JSON producer sends."""
+    return base64.b64encode(os.urandom(size))[:size]
+
+
+def rounds(url: str, options: dict[str, Any], in_flight: int, out: Any) -> None:
+    """In a process of its own, as a worker: open the queue, claim ``in_flight`` jobs and hold
+    them, time ``ROUNDS`` claims of 10 and their acks, give the held ones back; report ms per
+    commit, the state's size while they were held, and the process's peak RSS in MB."""
+    with Queue(url, broker="off", **options) as queue:
+        held = queue.claim("default", in_flight, lease=3600) if in_flight else []
         started = time.perf_counter()
         for _ in range(ROUNDS):
             for delivery in queue.claim("default", 10):  # one commit
                 queue.ack(delivery, wait=False)
             queue.flush()  # the acks' commit
         per_commit = (time.perf_counter() - started) / (2 * ROUNDS)
-    out.put((per_commit, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+        size = (Path(url.removeprefix("file://")) / "state.json").stat().st_size
+        if held:
+            queue.release(held)
+    out.put((per_commit, size, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--depths", type=int, nargs="+", default=list(DEPTHS))
-    parser.add_argument("--spill-at", type=int, default=None)
+    parser.add_argument(
+        "--spill-at", type=int, default=None, help="the bound (default: the library's)"
+    )
+    parser.add_argument("--no-spill", action="store_true", help="keep the state in one object")
+    parser.add_argument(
+        "--payload-bytes", type=int, default=None, help="default: a Dramatiq message"
+    )
+    parser.add_argument("--in-flight", type=int, default=0, help="jobs the worker holds")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="objq-commit-cost-"))
-    body = message()
+    body = message() if args.payload_bytes is None else payload(args.payload_bytes)
+    options: dict[str, Any] = {}
+    if args.no_spill or args.spill_at is not None:
+        options["spill_at"] = None if args.no_spill else args.spill_at
     context = mp.get_context("spawn")
-    print(f"payload {len(body)} bytes, store file://{folder}, spill at {args.spill_at}")
+    spill = "never" if args.no_spill else args.spill_at or "the library's bound"
+    print(
+        f"payload {len(body)} bytes, store file://{folder}, spill at {spill}, "
+        f"{args.in_flight} in flight while timed"
+    )
     print(
         "| jobs queued | filled at (jobs/s) | state KB | ms per commit | worker peak RSS MB |\n"
         "|---:|---:|---:|---:|---:|"
     )
-    with Queue(folder.as_uri(), broker="off", spill_at=args.spill_at) as queue:
+    with Queue(folder.as_uri(), broker="off", **options) as queue:
         queue.declare("default")
         queued = 0
         for depth in args.depths:
@@ -82,11 +110,12 @@ def main() -> None:
                 queue.enqueue_many("default", [body] * min(FILL_BATCH, depth - start))
             fill_rate = (depth - queued) / (time.perf_counter() - filling)
             queued = depth
-            size = (folder / "state.json").stat().st_size
             out = context.Queue()
-            worker = context.Process(target=rounds, args=(folder.as_uri(), args.spill_at, out))
+            worker = context.Process(
+                target=rounds, args=(folder.as_uri(), options, args.in_flight, out)
+            )
             worker.start()
-            per_commit, rss = out.get()
+            per_commit, size, rss = out.get()
             worker.join()
             queued -= 10 * ROUNDS
             print(

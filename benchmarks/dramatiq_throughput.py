@@ -36,6 +36,10 @@ table says how many.
 
     python benchmarks/dramatiq_throughput.py                    # full run, 20,000 messages
     python benchmarks/dramatiq_throughput.py --messages 2000    # smoke run
+
+``--deep N`` measures only objq's file:// drain, of ``--messages`` and of ``N`` preloaded
+messages, and reports the deep drain's rate as a ratio of the shallow one's (a backlog must not
+slow the drain); ``--spill-at`` passes the segmented state's bound to ``ObjqBroker``.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import argparse
 import logging
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -98,6 +103,9 @@ SINGLE_THREAD_CAP: dict[str, int] = {
     "objq file:// fsync=false": 2_000,
     "redis AOF fsync=always": 5_000,
 }
+
+#: Extra ``ObjqBroker`` keywords (``--spill-at``).
+OBJQ_OPTIONS: dict[str, Any] = {}
 
 REDIS_DEFAULT = servers.REDIS_IN_MEMORY
 REDIS_FSYNC_ALWAYS = ("--save", "", "--appendonly", "yes", "--appendfsync", "always")
@@ -194,7 +202,7 @@ class Row:
 class Brokers:
     """Opens fresh brokers of each kind and removes what they left behind."""
 
-    def __init__(self, redis_default: RedisServer, redis_always: RedisServer | None) -> None:
+    def __init__(self, redis_default: RedisServer | None, redis_always: RedisServer | None) -> None:
         self.redis_default = redis_default
         self.redis_always = redis_always
         self.tmpdirs: list[str] = []
@@ -221,13 +229,13 @@ class Brokers:
     def objq_memory(self) -> dramatiq.Broker:
         name = f"dramatiq-bench-{uuid.uuid4().hex}"
         self.memory_names.append(name)
-        return ObjqBroker(url=f"memory://{name}")
+        return ObjqBroker(url=f"memory://{name}", **OBJQ_OPTIONS)
 
     def objq_file(self, *, fsync: bool) -> dramatiq.Broker:
         tmp = tempfile.mkdtemp(prefix="dramatiq-bench-objq-")
         self.tmpdirs.append(tmp)
         url = Path(tmp).as_uri() + ("" if fsync else "?fsync=false")
-        return ObjqBroker(url=url)
+        return ObjqBroker(url=url, **OBJQ_OPTIONS)
 
     @staticmethod
     def redis(server: RedisServer) -> dramatiq.Broker:
@@ -252,6 +260,26 @@ def close_broker(broker: dramatiq.Broker) -> None:
     broker.close()
     if isinstance(broker, RedisBroker):
         broker.client.connection_pool.disconnect()
+
+
+def deep_drains(kinds: Brokers, shallow: int, deep: int) -> None:
+    """objq file://: drain ``shallow`` then ``deep`` preloaded messages; print both rates, the
+    ratio, the preload time and the process's peak RSS (which the deep preload sets)."""
+    kind = Kind("objq file://", lambda: kinds.objq_file(fsync=True), objq=True)
+    rates = []
+    for messages in (shallow, deep):
+        started = time.perf_counter()
+        phase = measure_drain(kinds, kind, messages, DEFAULT_DRAIN_BUDGET_SECONDS * 10)
+        total = time.perf_counter() - started
+        rates.append(phase.rate)
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(
+            f"  objq file:// drain {messages:>9,} msgs: preload and drain {total:7.1f} s, drain "
+            f"{phase.seconds:7.1f} s = {phase.rate:7,.0f} msg/s, "
+            f"{phase.writes_per_1k:,.0f} writes/1k; peak RSS so far {peak_mb:,.0f} MB",
+            flush=True,
+        )
+    print(f"\ndrain of {deep:,} / drain of {shallow:,}: {rates[1] / rates[0]:.2f}x")
 
 
 def objq_writes(broker: dramatiq.Broker) -> tuple[int, int, float]:
@@ -509,8 +537,26 @@ def main() -> None:
     parser.add_argument(
         "--no-redis-fsync", action="store_true", help="skip the 'redis AOF fsync=always' row"
     )
+    parser.add_argument(
+        "--deep", type=int, default=None, help="only objq file:// drains: --messages, then this"
+    )
+    parser.add_argument(
+        "--spill-at", type=int, default=None, help="ObjqBroker(spill_at=...) (docs/segments.md)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.spill_at is not None:
+        OBJQ_OPTIONS["spill_at"] = args.spill_at
+    if args.deep is not None:
+        print(f"# dramatiq_throughput: {' '.join(sys.argv[1:])}")
+        print(f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {machine()}; {objq_source()}")
+        deep_drains(Brokers(None, None), args.messages, args.deep)
+    else:
+        side_by_side(args)
+
+
+def side_by_side(args: argparse.Namespace) -> None:
+    """Every broker kind, the anchor included: enqueue from 1 and 16 threads, and drain."""
     messages = args.messages
 
     print(f"# dramatiq_throughput: {' '.join(sys.argv[1:]) or '(defaults)'}")

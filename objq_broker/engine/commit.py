@@ -96,6 +96,9 @@ CONFLICT_JITTER_SECONDS = 0.003
 ADAPTIVE_LINGER_MAX_SECONDS = 0.02
 #: How many runs an engine keeps read beyond those its current batch needs.
 RUN_CACHE_SIZE = 16
+#: Ready (or delayed) jobs a queue keeps in the state's head before they move to a run; dead
+#: letters and idempotency keys likewise (``docs/segments.md``).
+DEFAULT_SPILL_AT = 1_000
 #: How often an engine whose namespace has runs lists them to delete orphans (one LIST
 #: request per thousand runs on S3 or GCS).
 RUN_SWEEP_SECONDS = 600.0
@@ -183,12 +186,18 @@ class Engine:
         bodies: BodyCache | None = None,
         clock: Callable[[], float] = time.time,
         seed: int | None = None,
-        spill_at: int | None = None,
+        spill_at: int | None = DEFAULT_SPILL_AT,
     ) -> None:
         if max_batch_ops < 1 or max_batch_bytes < 1:
             raise ConfigurationError(
                 f"Engine: max_batch_ops and max_batch_bytes must be >= 1, found "
                 f"{max_batch_ops} and {max_batch_bytes}"
+            )
+        if spill_at is not None and (
+            isinstance(spill_at, bool) or not isinstance(spill_at, int) or spill_at < 0
+        ):
+            raise ConfigurationError(
+                f"Engine: spill_at must be an integer >= 0 or None (never), found {spill_at!r}"
             )
         self.store = store
         self.key = key
@@ -205,8 +214,9 @@ class Engine:
         #: This engine is the namespace's only writer (a broker): its cached state is the
         #: stored one, so it reads only after a conflict, never to look for others' changes.
         self.exclusive = exclusive
-        #: Move a queue's ready jobs out of the head into a run past this many (None: never).
-        #: Part of the segmented state (``docs/segments.md``), off until all of it is built.
+        #: Move a queue's ready or delayed jobs, dead letters and idempotency keys out of the
+        #: head into runs past this many (``docs/segments.md``); None: never, so the state
+        #: stays readable by releases before runs (format 1).
         self.spill_at = spill_at
         self._run_cache: dict[str, list[Job]] = {}  # runs read or written; they never change
         self._key_cache: dict[str, dict[str, KeyRecord]] = {}  # the same for key runs

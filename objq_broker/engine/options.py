@@ -25,7 +25,7 @@ ENGINE_OPTIONS = frozenset(
         "exclusive",
         "clock",
         "seed",
-        "spill_at",  # the segmented state, not finished: docs/segments.md
+        "spill_at",
     }
 )
 

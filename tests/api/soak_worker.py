@@ -19,7 +19,9 @@ QUEUE = "soak"
 
 
 def open_queue(url: str, faults: float, seed: int, spill_at: int | None) -> Queue:
-    options: dict[str, Any] = {"commit_deadline_seconds": 120.0, "spill_at": spill_at}
+    options: dict[str, Any] = {"commit_deadline_seconds": 120.0}
+    if spill_at is not None:  # otherwise the library's bound
+        options["spill_at"] = spill_at
     if faults:
         store = FaultyStore(open_store(url), seed=seed, error_rate=faults, landed_rate=faults)
         return Queue(store=store, **options)

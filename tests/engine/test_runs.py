@@ -1,4 +1,4 @@
-"""The engine with runs (the segmented state's first part, off unless ``spill_at`` is given):
+"""The engine with runs (the segmented state, ``docs/segments.md``), with a small bound:
 ready jobs past the bound leave the head for runs written before it, claims take from runs in
 priority and FIFO order, consumed runs are deleted, another process reads the runs it needs,
 listing reads them, and a run missing from storage is reported, never written over."""
@@ -17,7 +17,7 @@ from objq_broker.broker.elected import ElectedCommitter
 from objq_broker.engine import Engine
 from objq_broker.engine.commit import RUN_CACHE_SIZE, STATE_KEY
 from objq_broker.engine.snapshot import Snapshot
-from objq_broker.errors import StateCorrupt
+from objq_broker.errors import ConfigurationError, StateCorrupt
 from objq_broker.model.ops import DeadLetters, Expire, FindJob
 from objq_broker.model.records import Job, RunRef, StateDoc, decode_state
 from objq_broker.storage import MemoryStore, ObjectStore, open_store
@@ -368,3 +368,9 @@ def stored_doc(store: ObjectStore) -> StateDoc:
     blob = store.read(STATE_KEY)
     assert blob is not None
     return decode_state(blob.data, "test")
+
+
+@pytest.mark.parametrize("bound", [-1, 2.5, "1000", True])
+def test_a_bound_that_is_not_a_count_is_refused(bound: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"spill_at must be an integer >= 0 or None"):
+        Engine(MemoryStore(), spill_at=bound)  # type: ignore[arg-type]
