@@ -160,7 +160,8 @@ OrderKey = tuple[int | float, int]
 class RunRef(msgspec.Struct, kw_only=True, array_like=True):
     """A run of a queue's backlog (:mod:`objq_broker.model.runs`) as the head refers to it:
     ``taken`` jobs of ``count`` are gone from its front, ``next`` is the order key of the
-    first one left and ``oldest`` the earliest ``enqueued_at`` among those left."""
+    first one left, ``oldest`` the earliest ``enqueued_at`` among those left, and ``last`` the
+    order key of its last job (None: not known, as if it sorted after every other)."""
 
     key: str
     kind: RunKind
@@ -168,6 +169,7 @@ class RunRef(msgspec.Struct, kw_only=True, array_like=True):
     taken: int
     next: OrderKey
     oldest: float
+    last: OrderKey | None = None
 
     @property
     def remaining(self) -> int:

@@ -97,6 +97,7 @@ def build_run(key: str, queue: str, kind: RunKind, jobs: Sequence[Job]) -> tuple
         taken=0,
         next=order_key(kind, ordered[0]),
         oldest=oldest,
+        last=order_key(kind, ordered[-1]),
     )
     return ref, data
 
@@ -175,6 +176,11 @@ class RunMerge:
         self.refs = [ref for ref in refs if ref.kind == "ready"]
         self._heap = [(ref.next, index) for index, ref in enumerate(self.refs) if ref.remaining]
         heapq.heapify(self._heap)
+        #: Runs whose last job is known, by it: what :meth:`needed` bounds a claim with.
+        self._by_last = sorted(
+            (ref for ref in self.refs if ref.last is not None),
+            key=lambda ref: ref.last or (0, 0),
+        )
         self._oldest: dict[str, list[float]] = {}  # per run: earliest enqueued_at from i on
 
     def __len__(self) -> int:
@@ -185,9 +191,21 @@ class RunMerge:
         return self._heap[0][0] if self._heap else None
 
     def needed(self, n: int) -> list[str]:
-        """The runs that taking ``n`` jobs could touch: a run is reached only after every run
-        whose next job sorts before its own, so at most the ``n`` best by next job."""
-        return [self.refs[index].key for _, index in heapq.nsmallest(n, self._heap)]
+        """The runs that taking ``n`` jobs could touch. Two bounds, both sound: a run is
+        reached only after every run whose next job sorts before its own, so at most the
+        ``n`` best by next job; and runs taken in order of their last job until they hold
+        ``n`` jobs end at a key that the ``n`` best jobs all sort at or before, so a run whose
+        next job sorts after it is not reached. (A deep FIFO backlog of many runs then needs
+        its first one or two, not one per job claimed.)"""
+        bound: OrderKey | None = None
+        held = 0
+        for ref in self._by_last:
+            held += ref.remaining
+            if held >= n:
+                bound = ref.last
+                break
+        best = heapq.nsmallest(n, self._heap)
+        return [self.refs[i].key for next_key, i in best if bound is None or next_key <= bound]
 
     def take(self, contents: Mapping[str, list[Job]]) -> Job:
         """Take the best job left (the caller checked :meth:`best`); its run moves on."""

@@ -65,10 +65,13 @@ def test_a_run_that_does_not_match_its_reference_is_refused() -> None:
     priorities=st.lists(st.integers(0, 3), min_size=1, max_size=60),
     cuts=st.lists(st.integers(0, 60), max_size=6),
     n=st.integers(1, 70),
+    first=st.integers(0, 20),
 )
 def test_claims_across_runs_follow_one_sorted_order(
-    priorities: list[int], cuts: list[int], n: int
+    priorities: list[int], cuts: list[int], n: int, first: int
 ) -> None:
+    """``first`` jobs are taken before, so the runs the next claim needs are bounded over
+    runs partly taken."""
     jobs = [job(seq, priority) for seq, priority in enumerate(priorities)]
     bounds = sorted({0, len(jobs), *(c for c in cuts if c < len(jobs))})
     refs, contents = [], {}
@@ -77,6 +80,7 @@ def test_claims_across_runs_follow_one_sorted_order(
         refs.append(ref)
         contents[ref.key] = decode_run(ref, "q", data)
     merge = RunMerge(refs)
+    earlier = [merge.take(contents) for _ in range(min(first, len(jobs)))]
     needed = set(merge.needed(n))
     touched: set[str] = set()
     taken: list[Job] = []
@@ -84,10 +88,20 @@ def test_claims_across_runs_follow_one_sorted_order(
         before = {ref.key: ref.taken for ref in merge.refs}
         taken.append(merge.take(contents))
         touched |= {ref.key for ref in merge.refs if ref.taken != before[ref.key]}
-    expected = sorted(jobs, key=lambda j: (j.priority, j.seq))[:n]
-    assert [j.id for j in taken] == [j.id for j in expected]
+    expected = sorted(jobs, key=lambda j: (j.priority, j.seq))[: len(earlier) + n]
+    assert [j.id for j in earlier + taken] == [j.id for j in expected]
     assert touched <= needed, "a claim reached a run the engine was not told to read"
-    assert len(merge) == len(jobs) - len(taken)
+    assert len(merge) == len(jobs) - len(earlier) - len(taken)
+
+
+def test_a_deep_fifo_backlog_needs_only_the_runs_a_claim_reaches() -> None:
+    runs = [
+        build_run(f"runs/q/{r}", "q", "ready", [job(10 * r + i) for i in range(10)])
+        for r in range(50)
+    ]
+    merge = RunMerge([ref for ref, _ in runs])
+    assert merge.needed(5) == ["runs/q/0"]
+    assert merge.needed(15) == ["runs/q/0", "runs/q/1"]
 
 
 def test_a_run_that_was_not_read_is_never_guessed() -> None:
