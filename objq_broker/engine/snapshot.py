@@ -9,7 +9,7 @@ decoded is reported with its key and left exactly as it is. This module and
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from objq_broker.engine.bodies import BodyCache
@@ -26,6 +26,12 @@ from objq_broker.model.records import (
 )
 from objq_broker.model.state import QueueState, QueueStats
 from objq_broker.storage import ObjectStore
+
+#: How many times a listing reads the state again when runs it refers to were consumed
+#: meanwhile (workers taking jobs while someone looks at the queue).
+RUN_READ_TRIES = 5
+#: Which runs a listing needs, from the state it reads them for.
+_Needs = Callable[[QueueState], list[tuple[str, RunRef]]]
 
 
 @dataclass
@@ -95,7 +101,7 @@ class Snapshot:
     def stats(self, queue: str) -> QueueStats:
         # Timed runs with jobs due are read to count them ready: delayed jobs of a deep
         # backlog that came due since the last commit.
-        self._read([(q, ref) for q, ref in self._state.due_runs(self.read_at) if q == queue])
+        self._read(lambda state: [(q, r) for q, r in state.due_runs(self.read_at) if q == queue])
         return self._state.stats(queue, self.read_at)
 
     # --- jobs ------------------------------------------------------------------------------
@@ -104,36 +110,48 @@ class Snapshot:
         self, queue: str, state: JobState | None = None, limit: int | None = None
     ) -> list[tuple[JobState, Job]]:
         """Jobs of ``queue`` in claim order (dead letters last), payloads not loaded."""
-        self._read([*self._state.runs_of(queue), *self._state.dead_runs_of(queue)])
+        self._read(lambda s: [*s.runs_of(queue), *s.dead_runs_of(queue)])
         return self._state.list_jobs(queue, self.read_at, state, limit)
 
     def find(self, job_id: str) -> tuple[JobState, Job] | None:
-        self._read([*self._state.runs_of(), *self._state.dead_runs_of()])
+        self._read(lambda s: [*s.runs_of(), *s.dead_runs_of()])
         return self._state.find(job_id, self.read_at)
 
-    def _read(self, runs: list[tuple[str, RunRef]]) -> None:
-        """Read ``runs`` (several at once), which a listing or a lookup needs."""
-        missing = read_runs(self.store, self._state, runs)
-        if missing:
-            raise StorageError(
-                f"{self.store.url}: runs {', '.join(missing)} were consumed after the state was "
-                "read; read it again"
+    def _read(self, needs: _Needs) -> None:
+        """Read the runs ``needs`` names (several at once). A run consumed since the state was
+        read means workers moved on: this snapshot then reads the state again, becoming a
+        view of a later moment, and reads what that one refers to."""
+        for _ in range(RUN_READ_TRIES):
+            missing = read_runs(self.store, self._state, needs(self._state))
+            if not missing:
+                return
+            later = Snapshot.read(self.store)
+            later._state.run_contents = self._state.run_contents  # runs never change
+            self._state, self.size_bytes, self.read_at = (
+                later._state,
+                later.size_bytes,
+                later.read_at,
             )
+            self.exists = later.exists
+        raise StorageError(
+            f"{self.store.url}: runs {', '.join(missing)} were consumed each time after the "
+            f"state was read ({RUN_READ_TRIES} times); try again"
+        )
 
     def dead_letters(self, queue: str) -> list[Job]:
-        self._read(self._state.dead_runs_of(queue))
+        self._read(lambda s: s.dead_runs_of(queue))
         return self._state.dead_letters(queue)
 
     def all_live(self) -> Iterator[tuple[JobState, Job]]:
         """Every job not yet finished, of every queue (those waiting in runs included), in
         no order."""
-        self._read(self._state.runs_of())
+        self._read(lambda s: s.runs_of())
         for job in [*self._state.jobs.values(), *self._state.run_jobs()]:
             yield job.state_at(self.read_at), job
 
     def all_dead(self) -> Iterator[Job]:
         """Every dead letter of every queue (those in dead runs included), in no order."""
-        self._read(self._state.dead_runs_of())
+        self._read(lambda s: s.dead_runs_of())
         for queue in self._state.queue_names():
             yield from self._state.dead_letters(queue)
 

@@ -374,3 +374,21 @@ def stored_doc(store: ObjectStore) -> StateDoc:
 def test_a_bound_that_is_not_a_count_is_refused(bound: object) -> None:
     with pytest.raises(ConfigurationError, match=r"spill_at must be an integer >= 0 or None"):
         Engine(MemoryStore(), spill_at=bound)  # type: ignore[arg-type]
+
+
+def test_a_listing_whose_runs_were_consumed_meanwhile_reads_the_state_again() -> None:
+    store = MemoryStore()
+    engine = Engine(store, spill_at=BOUND)
+    try:
+        order = enqueue_one_by_one(engine)
+        snapshot = Snapshot.read(store)  # someone runs `objq jobs list` ...
+        taken: list[Job] = engine.call(ops.claim(["q"], JOBS - 3, owner="test"))
+        for delivery in ops.deliveries(taken):  # ... while a worker takes most jobs
+            engine.call(ops.ack(delivery))
+        engine.flush()
+        referred = {ref.key for _, ref in snapshot._state.runs_of()}
+        assert referred - set(store.list("runs/")), "no run the snapshot refers to was consumed"
+        listed = snapshot.jobs("q")
+        assert [job.id for _, job in listed] == [i for _, i in order[JOBS - 3 :]]
+    finally:
+        engine.close()
