@@ -189,6 +189,10 @@ class QueueState:
         self.run_contents: dict[str, list[Job]] = {}
         #: The same for key runs (idempotency keys out of the head).
         self.key_contents: dict[str, dict[str, KeyRecord]] = {}
+        #: Entries pushed on each queue's timed heap, and (delayed jobs found, pushes) as of
+        #: the last time :meth:`spill` scanned it: a bound on the delayed jobs it holds.
+        self._timed_pushes: dict[str, int] = {}
+        self._timed_scanned: dict[str, tuple[int, int]] = {}
         #: Runs :meth:`spill` made for this commit: written (create-only) before the head.
         self.new_runs: list[tuple[str, bytes]] = []
         #: Runs whose jobs are all gone: delete them once the commit landed.
@@ -204,6 +208,7 @@ class QueueState:
         entry: _TimedEntry = (job.visible_at, job.seq, job.id)
         self._entry[job.id] = entry
         heapq.heappush(self._timed.setdefault(job.queue, []), entry)
+        self._timed_pushes[job.queue] = self._timed_pushes.get(job.queue, 0) + 1
 
     def _push_ready(self, job: Job) -> None:
         self.readied += 1
@@ -626,6 +631,8 @@ class QueueState:
         # Only jobs already known ready: promoting here would also expire leases, which
         # is ``expire``'s to do (and to report).
         heap = self._ready.get(queue, [])
+        if len(heap) <= bound:
+            return  # superseded entries only add to a heap: it cannot hold more live ones
         live = [entry for entry in heap if self._entry.get(entry[2]) == entry]
         if len(live) > bound:
             self._write_out(
@@ -637,6 +644,13 @@ class QueueState:
         self, queue: str, bound: int, key_for: Callable[[int], str], run_jobs: int
     ) -> None:
         """Delayed and backing-off jobs (not leased ones: their leases change in the head)."""
+        # The heap keeps the entries of acked jobs until their lease time passes (a busy
+        # queue: thousands), so it is scanned only when enough entries were pushed since the
+        # last scan to take the delayed jobs it found then past the bound.
+        pushes = self._timed_pushes.get(queue, 0)
+        found, pushes_then = self._timed_scanned.get(queue, (0, 0))
+        if found + pushes - pushes_then <= bound:
+            return
         heap = self._timed.get(queue, [])
         live = [e for e in heap if self._entry.get(e[2]) == e and self.jobs[e[2]].lease is None]
         if len(live) > bound:
@@ -645,6 +659,8 @@ class QueueState:
             )
             heap[:] = [e for e in heap if self._entry.get(e[2]) == e]
             heapq.heapify(heap)
+            live = []
+        self._timed_scanned[queue] = (len(live), pushes)
 
     def _write_out(
         self,
