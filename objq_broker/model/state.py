@@ -189,8 +189,8 @@ class QueueState:
         self.run_contents: dict[str, list[Job]] = {}
         #: The same for key runs (idempotency keys out of the head).
         self.key_contents: dict[str, dict[str, KeyRecord]] = {}
-        #: Entries pushed on each queue's timed heap, and (delayed jobs found, pushes) as of
-        #: the last time :meth:`spill` scanned it: a bound on the delayed jobs it holds.
+        #: Delayed (unleased) jobs pushed on each queue's timed heap, and (delayed jobs found,
+        #: pushes) as of the last time :meth:`spill` scanned it: a bound on those it holds.
         self._timed_pushes: dict[str, int] = {}
         self._timed_scanned: dict[str, tuple[int, int]] = {}
         #: Runs :meth:`spill` made for this commit: written (create-only) before the head.
@@ -208,7 +208,8 @@ class QueueState:
         entry: _TimedEntry = (job.visible_at, job.seq, job.id)
         self._entry[job.id] = entry
         heapq.heappush(self._timed.setdefault(job.queue, []), entry)
-        self._timed_pushes[job.queue] = self._timed_pushes.get(job.queue, 0) + 1
+        if job.lease is None:  # a delayed job; a lease is cleared only by pushing the job again
+            self._timed_pushes[job.queue] = self._timed_pushes.get(job.queue, 0) + 1
 
     def _push_ready(self, job: Job) -> None:
         self.readied += 1
@@ -645,8 +646,8 @@ class QueueState:
     ) -> None:
         """Delayed and backing-off jobs (not leased ones: their leases change in the head)."""
         # The heap keeps the entries of acked jobs until their lease time passes (a busy
-        # queue: thousands), so it is scanned only when enough entries were pushed since the
-        # last scan to take the delayed jobs it found then past the bound.
+        # queue: thousands), so it is scanned only when enough delayed jobs were pushed since
+        # the last scan to take those it found then past the bound.
         pushes = self._timed_pushes.get(queue, 0)
         found, pushes_then = self._timed_scanned.get(queue, (0, 0))
         if found + pushes - pushes_then <= bound:
