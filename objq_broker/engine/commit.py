@@ -66,7 +66,7 @@ from objq_broker.model.records import (
     encode_archive,
 )
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs, run_key
-from objq_broker.model.state import Finished, QueueState
+from objq_broker.model.state import MAX_RUN_JOBS, Finished, QueueState
 from objq_broker.storage.base import ObjectStore
 
 T = TypeVar("T")
@@ -187,11 +187,16 @@ class Engine:
         clock: Callable[[], float] = time.time,
         seed: int | None = None,
         spill_at: int | None = DEFAULT_SPILL_AT,
+        run_jobs: int = MAX_RUN_JOBS,
     ) -> None:
         if max_batch_ops < 1 or max_batch_bytes < 1:
             raise ConfigurationError(
                 f"Engine: max_batch_ops and max_batch_bytes must be >= 1, found "
                 f"{max_batch_ops} and {max_batch_bytes}"
+            )
+        if isinstance(run_jobs, bool) or not isinstance(run_jobs, int) or run_jobs < 1:
+            raise ConfigurationError(
+                f"Engine: run_jobs must be an integer >= 1, found {run_jobs!r}"
             )
         if spill_at is not None and (
             isinstance(spill_at, bool) or not isinstance(spill_at, int) or spill_at < 0
@@ -218,6 +223,8 @@ class Engine:
         #: head into runs past this many (``docs/segments.md``); None: never, so the state
         #: stays readable by releases before runs (format 1).
         self.spill_at = spill_at
+        #: Most jobs in one run (small in tests, to make many).
+        self.run_jobs = run_jobs
         self._run_cache: dict[str, list[Job]] = {}  # runs read or written; they never change
         self._key_cache: dict[str, dict[str, KeyRecord]] = {}  # the same for key runs
         self._runs_missing: list[str] | None = None  # runs found gone by the last try
@@ -642,7 +649,7 @@ class Engine:
         orphans, deleted once a later try lands."""
         if self.spill_at is not None:
             key_for = functools.partial(run_key, state.doc.version, attempt.commit_id)
-            state.spill(self.spill_at, key_for)
+            state.spill(self.spill_at, key_for, run_jobs=self.run_jobs)
         for key, data in state.new_runs:
             self.store.write(key, data, if_absent=True)
             self._wrote(attempt, key, ("run", key))

@@ -636,10 +636,29 @@ class QueueState:
             return  # superseded entries only add to a heap: it cannot hold more live ones
         live = [entry for entry in heap if self._entry.get(entry[2]) == entry]
         if len(live) > bound:
-            self._write_out(
-                queue, "ready", [self.jobs[e[2]] for e in sorted(live)], key_for, run_jobs
-            )
+            jobs = self._with_tail(queue, [self.jobs[e[2]] for e in sorted(live)], run_jobs)
+            self._write_out(queue, "ready", jobs, key_for, run_jobs)
             heap.clear()
+            last = self.doc.runs[queue][-1]
+            # Keep the newest run's jobs: the next spill merges into it (see _with_tail).
+            self.run_contents[last.key] = jobs[-last.count :]
+
+    def _with_tail(self, queue: str, jobs: list[Job], run_jobs: int) -> list[Job]:
+        """``jobs`` merged with what is left of the queue's newest ready run, when that run is
+        at hand and the two fit in one run: the run is then replaced, so a queue fed a few
+        hundred jobs per commit keeps runs of thousands, and the head few references."""
+        refs = self.doc.runs.get(queue, [])
+        tail = refs[-1] if refs and refs[-1].kind == "ready" else None
+        if tail is None or tail.remaining + len(jobs) > run_jobs:
+            return jobs
+        contents = self.run_contents.get(tail.key)
+        if contents is None:
+            return jobs
+        refs.pop()
+        self.unused_runs.append(tail.key)
+        del self.run_contents[tail.key]
+        left = contents[tail.taken :]
+        return sorted([*left, *jobs], key=lambda job: order_key("ready", job))
 
     def _spill_timed(
         self, queue: str, bound: int, key_for: Callable[[int], str], run_jobs: int

@@ -25,6 +25,8 @@ from objq_broker.storage.faulty import FaultyStore
 
 JOBS = 23
 BOUND = 5
+#: Jobs per run: small, so a test makes several (a spill of BOUND + 1 never fits a tail).
+RUN_JOBS = 2 * BOUND
 
 
 def enqueue_one_by_one(engine: Engine) -> list[tuple[int, str]]:
@@ -46,7 +48,7 @@ def head(store: ObjectStore) -> tuple[int, int, int]:
 
 
 def test_runs_keep_claim_order_and_are_deleted_once_consumed(store: ObjectStore) -> None:
-    engine = Engine(store, spill_at=BOUND)
+    engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS)
     try:
         order = enqueue_one_by_one(engine)
         fmt, inline, runs = head(store)
@@ -71,7 +73,10 @@ def test_runs_keep_claim_order_and_are_deleted_once_consumed(store: ObjectStore)
 
 def test_another_process_reads_the_runs_it_claims_from(tmp_path: Path) -> None:
     url = tmp_path.as_uri()
-    writer, reader = Engine(open_store(url), spill_at=BOUND), Engine(open_store(url))
+    writer, reader = (
+        Engine(open_store(url), spill_at=BOUND, run_jobs=RUN_JOBS),
+        Engine(open_store(url)),
+    )
     try:
         order = enqueue_one_by_one(writer)
         # Listing (objq jobs, the Spark jobs table) reads the runs too, before any is taken.
@@ -91,7 +96,7 @@ def test_another_process_reads_the_runs_it_claims_from(tmp_path: Path) -> None:
 
 def test_a_run_missing_from_storage_is_reported_and_the_state_kept(tmp_path: Path) -> None:
     store = open_store(tmp_path.as_uri())
-    engine = Engine(store, spill_at=BOUND)
+    engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS)
     enqueue_one_by_one(engine)
     engine.close()
     before = store.read(STATE_KEY)
@@ -160,7 +165,7 @@ def test_a_format_1_state_is_upgraded_by_its_first_commit(tmp_path: Path) -> Non
     order = enqueue_one_by_one(old)
     old.close()
     assert head(store) == (1, JOBS, 0)
-    new = Engine(store, spill_at=BOUND)
+    new = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS)
     try:
         new.submit(ops.declare("q", {})).result()  # changes nothing: nothing is written
         assert head(store) == (1, JOBS, 0)
@@ -192,7 +197,7 @@ def test_an_earlier_release_refuses_a_state_with_runs_and_leaves_it(tmp_path: Pa
     earlier.mkdir()
     subprocess.run(["tar", "-x", "-C", str(earlier)], input=archive, check=True)
     store = open_store((tmp_path / "store").as_uri())
-    engine = Engine(store, spill_at=BOUND)
+    engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS)
     enqueue_one_by_one(engine)
     engine.close()
     before = store.read(STATE_KEY)
@@ -222,7 +227,7 @@ def test_an_earlier_release_refuses_a_state_with_runs_and_leaves_it(tmp_path: Pa
 def test_claims_reaching_more_runs_than_the_cache_keeps(tmp_path: Path) -> None:
     """A batch needing runs read by the last one keeps them, however many the cache holds."""
     store = open_store(tmp_path.as_uri())
-    engine = Engine(store, spill_at=1)
+    engine = Engine(store, spill_at=1, run_jobs=2)
     try:
         engine.submit(ops.declare("q", {})).result()
         made = [
@@ -260,7 +265,7 @@ def test_a_run_written_by_a_process_killed_before_its_commit_is_ignored_and_swep
     orphans = [k for k in store.list("runs/") if k not in {r.key for r in runs_of(store)}]
     assert len(orphans) == 1, f"expected the killed commit's one run, found {orphans}"
 
-    engine = Engine(store, spill_at=BOUND)
+    engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS)
     try:
         listed = engine.submit(ops.list_jobs("q", None, 1000)).result()
         assert sorted(job.id for _, job in listed) == sorted(acknowledged)
@@ -294,7 +299,7 @@ class Clock:
 
 def test_dead_letters_past_the_bound_leave_the_head_and_stay_exact(store: ObjectStore) -> None:
     clock = Clock()
-    engine = Engine(store, spill_at=BOUND, clock=clock)
+    engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS, clock=clock)
     try:
         engine.call(ops.declare("q", {"max_attempts": 1, "dead_ttl_seconds": 100}))
         engine.call(ops.enqueue("q", [f"job {n}".encode() for n in range(JOBS)]))
@@ -308,7 +313,9 @@ def test_dead_letters_past_the_bound_leave_the_head_and_stay_exact(store: Object
         assert len(doc.dead) <= BOUND and doc.dead_runs, "dead letters did not leave the head"
         assert engine.call(ops.stats(["q"]))[0].dead == JOBS
 
-        other = Engine(store, spill_at=BOUND, clock=clock)  # another process: reads the runs
+        other = Engine(
+            store, spill_at=BOUND, run_jobs=RUN_JOBS, clock=clock
+        )  # another process: reads the runs
         try:
             assert [job.id for job in other.call(DeadLetters("q"))] == died
             assert other.call(FindJob(died[0])) is not None
@@ -336,7 +343,7 @@ def test_idempotency_keys_past_the_bound_leave_the_head_and_still_hold(
     store: ObjectStore,
 ) -> None:
     clock = Clock()
-    engine = Engine(store, spill_at=BOUND, clock=clock)
+    engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS, clock=clock)
     try:
         engine.call(ops.declare("q", {"idempotency_seconds": 50}))
         first = {}
@@ -347,7 +354,9 @@ def test_idempotency_keys_past_the_bound_leave_the_head_and_still_hold(
         doc = stored_doc(store)
         assert len(doc.keys) <= BOUND and doc.key_runs, "keys did not leave the head"
 
-        other = Engine(store, spill_at=BOUND, clock=clock)  # reads the key runs it needs
+        other = Engine(
+            store, spill_at=BOUND, run_jobs=RUN_JOBS, clock=clock
+        )  # reads the key runs it needs
         try:
             again = other.call(ops.enqueue("q", [b"y", b"z"], keys=["k0", "k1"]))
             assert [job.id for job in again] == [first["k0"], first["k1"]]
@@ -378,7 +387,7 @@ def test_a_bound_that_is_not_a_count_is_refused(bound: object) -> None:
 
 def test_a_listing_whose_runs_were_consumed_meanwhile_reads_the_state_again() -> None:
     store = MemoryStore()
-    engine = Engine(store, spill_at=BOUND)
+    engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS)
     try:
         order = enqueue_one_by_one(engine)
         snapshot = Snapshot.read(store)  # someone runs `objq jobs list` ...
@@ -390,5 +399,20 @@ def test_a_listing_whose_runs_were_consumed_meanwhile_reads_the_state_again() ->
         assert referred - set(store.list("runs/")), "no run the snapshot refers to was consumed"
         listed = snapshot.jobs("q")
         assert [job.id for _, job in listed] == [i for _, i in order[JOBS - 3 :]]
+    finally:
+        engine.close()
+
+
+def test_a_producer_of_single_jobs_keeps_one_run_growing(store: ObjectStore) -> None:
+    """Each spill merges into the queue's newest run while it fits: the head keeps one
+    reference, the runs it replaced are deleted, and the claim order is unchanged."""
+    engine = Engine(store, spill_at=BOUND)
+    try:
+        order = enqueue_one_by_one(engine)
+        engine.flush()
+        assert head(store)[2] == 1, "spills made a run each instead of merging"
+        assert len(store.list("runs/")) == 1, "a replaced run was left behind"
+        claimed: list[Job] = engine.call(ops.claim(["q"], JOBS, owner="test"))
+        assert [(j.priority, j.id) for j in claimed] == order
     finally:
         engine.close()
