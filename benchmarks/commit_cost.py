@@ -5,7 +5,7 @@ they stay inside the state; ``--payload-bytes`` for others), 1,000 per ``enqueue
 times small commits on it in a process of its own, as a worker: a claim of 10 and the ack of
 those 10, 20 times, reported as milliseconds per commit alongside the state object's size (what
 every commit writes) and the worker's peak memory. ``--in-flight N``: the worker first claims N
-and holds them while it is timed (their leases live in the state).
+(filled on top of each depth) and holds them while it is timed (their leases live in the state).
 
 The segmented state (``docs/segments.md``) is on, with the library's bound unless
 ``--spill-at N`` says otherwise; ``--no-spill`` measures the state as one object.
@@ -103,13 +103,14 @@ def main() -> None:
     )
     with Queue(folder.as_uri(), broker="off", **options) as queue:
         queue.declare("default")
-        queued = 0
+        queued = 0  # jobs waiting, the ones the worker holds while timed included
         for depth in args.depths:
+            target = depth + args.in_flight  # the worker holds in_flight: depth stay queued
             filling = time.perf_counter()
-            for start in range(queued, depth, FILL_BATCH):
-                queue.enqueue_many("default", [body] * min(FILL_BATCH, depth - start))
-            fill_rate = (depth - queued) / (time.perf_counter() - filling)
-            queued = depth
+            for start in range(queued, target, FILL_BATCH):
+                queue.enqueue_many("default", [body] * min(FILL_BATCH, target - start))
+            fill_rate = (target - queued) / (time.perf_counter() - filling)
+            queued = target
             out = context.Queue()
             worker = context.Process(
                 target=rounds, args=(folder.as_uri(), options, args.in_flight, out)
