@@ -43,7 +43,7 @@ from objq_broker.model.records import (
     QueueConfig,
     RunRef,
 )
-from objq_broker.model.state import NewJob, QueueState, QueueStats, StagedBodies, key_slot
+from objq_broker.model.state import NewJob, QueueState, QueueStats, StagedBodies
 
 T = TypeVar("T")
 Held = tuple[str, str]  # (job id, lease token)
@@ -517,18 +517,12 @@ def _looked_into(
 def _keyed_enqueue_runs(
     state: QueueState, items: list[NewJob], now: float
 ) -> list[tuple[str, RunRef | KeyRunRef]]:
-    """An idempotency key may be in its queue's key runs. When the head's record of it
-    points to a job that left the head, that job may wait in a run or a dead run: reporting it
-    as it is needs them (a key out of the head is answered by id, without reading the runs)."""
+    """An idempotency key may be in its queue's key runs. The backlog is never read for it: a
+    duplicate whose first job left the head is answered by that job's id, described from the
+    request (reading a deep queue's runs for it would cost the whole backlog in memory)."""
     found: list[tuple[str, RunRef | KeyRunRef]] = []
     for queue in {item.queue for item in items if item.key is not None}:
         found += state.key_runs_of(queue)
-    for item in items:
-        record = None if item.key is None else state.doc.keys.get(key_slot(item.queue, item.key))
-        if record is None or record.expires_at <= now:
-            continue
-        if record.job_id not in state.jobs and record.job_id not in state.dead:
-            found += [*state.runs_of(item.queue), *state.dead_runs_of(item.queue)]
     return found
 
 

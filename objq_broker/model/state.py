@@ -428,16 +428,11 @@ class QueueState:
         record = self.key_record(item.queue, item.key)
         if record is None or record.expires_at <= now:
             return None
-        live = (
-            self.jobs.get(record.job_id)
-            or self.dead.get(record.job_id)
-            or self._in_runs(record.job_id, item.queue)
-            or self._in_dead_runs(record.job_id, item.queue)
-        )
+        live = self.jobs.get(record.job_id) or self.dead.get(record.job_id)
         if live is not None:
             return snapshot(live)
-        # The first job already finished (or, its key out of the head, waits in a run that
-        # was not read): report it by id, as it was asked for.
+        # The first job finished, or waits in a run (not read for this: it would cost the
+        # backlog): report it by id, as it was asked for.
         config = self.doc.queues[item.queue]
         enqueued_at = record.expires_at - config.idempotency_seconds
         return _finished_job(item, now, config, job_id=record.job_id, enqueued_at=enqueued_at)
