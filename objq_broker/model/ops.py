@@ -486,15 +486,13 @@ def runs_needed(
             for name in op.queues:
                 claims[name] = claims.get(name, 0) + len(op.tokens)
         else:
-            found += _looked_into(state, op, now)
+            found += _looked_into(state, op)
     for name, n in claims.items():
         found += state.runs_to_claim(name, n)
     return list({ref.key: (queue, ref) for queue, ref in found}.values())
 
 
-def _looked_into(
-    state: QueueState, op: Op[Any], now: float
-) -> list[tuple[str, RunRef | KeyRunRef]]:
+def _looked_into(state: QueueState, op: Op[Any]) -> list[tuple[str, RunRef | KeyRunRef]]:
     """The runs ``op`` (not a claim) reads, besides those every commit reads."""
     found: list[tuple[str, RunRef | KeyRunRef]] = []
     if isinstance(op, Purge):
@@ -510,12 +508,12 @@ def _looked_into(
     elif isinstance(op, EnqueueStaged):
         found += state.key_runs_of(op.queue)
     elif isinstance(op, Enqueue):
-        found += _keyed_enqueue_runs(state, op.items, now)
+        found += _keyed_enqueue_runs(state, op.items)
     return found
 
 
 def _keyed_enqueue_runs(
-    state: QueueState, items: list[NewJob], now: float
+    state: QueueState, items: list[NewJob]
 ) -> list[tuple[str, RunRef | KeyRunRef]]:
     """An idempotency key may be in its queue's key runs. The backlog is never read for it: a
     duplicate whose first job left the head is answered by that job's id, described from the

@@ -16,11 +16,14 @@ from __future__ import annotations
 import heapq
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import msgspec
 
 from objq_broker.errors import StateCorrupt
 from objq_broker.model.records import Job, KeyRecord, KeyRunRef, OrderKey, RunKind, RunRef
+
+D = TypeVar("D")
 
 #: The run object format this code reads and writes.
 RUN_FORMAT = 1
@@ -102,22 +105,38 @@ def build_run(key: str, queue: str, kind: RunKind, jobs: Sequence[Job]) -> tuple
     return ref, data
 
 
+def _decoded(decoder: msgspec.json.Decoder[D], data: bytes, what: str, key: str) -> D:
+    """``data`` decoded as a ``what`` object (a run, a key run) stored at ``key``, or
+    :class:`StateCorrupt` saying what was expected and what was found."""
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise StateCorrupt(
+            f"{what} {key}: expected a {what} object of format {RUN_FORMAT}, found "
+            f"{len(data)} bytes that do not decode as one ({exc})"
+        ) from exc
+
+
+def _check_header(
+    what: str, key: str, fields: str, expected: tuple[object, ...], found: tuple[object, ...]
+) -> None:
+    """:class:`StateCorrupt` unless what the object holds (``found``) matches what the head
+    says of it (``expected``); ``fields`` names them."""
+    if found != expected:
+        raise StateCorrupt(f"{what} {key}: expected ({fields}) {expected!r}, found {found!r}")
+
+
 def decode_run(ref: RunRef, queue: str, data: bytes) -> list[Job]:
     """The jobs of the run ``ref`` refers to, checked against it; :class:`StateCorrupt` saying
     what was expected and what was found otherwise (a run is never rewritten)."""
-    try:
-        doc = _decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise StateCorrupt(
-            f"run {ref.key}: expected a run object of format {RUN_FORMAT}, found "
-            f"{len(data)} bytes that do not decode as one ({exc})"
-        ) from exc
-    expected = (RUN_FORMAT, queue, ref.kind, ref.count)
-    found = (doc.format, doc.queue, doc.kind, len(doc.jobs))
-    if found != expected:
-        raise StateCorrupt(
-            f"run {ref.key}: expected (format, queue, kind, jobs) {expected!r}, found {found!r}"
-        )
+    doc = _decoded(_decoder, data, "run", ref.key)
+    _check_header(
+        "run",
+        ref.key,
+        "format, queue, kind, jobs",
+        (RUN_FORMAT, queue, ref.kind, ref.count),
+        (doc.format, doc.queue, doc.kind, len(doc.jobs)),
+    )
     keys = [order_key(doc.kind, job) for job in doc.jobs]
     if keys != sorted(keys) or any(job.queue != queue for job in doc.jobs):
         raise StateCorrupt(f"run {ref.key}: expected jobs of {queue!r} in order, found otherwise")
@@ -149,19 +168,9 @@ def build_key_run(
 def decode_key_run(ref: KeyRunRef, queue: str, data: bytes) -> dict[str, KeyRecord]:
     """The keys of the key run ``ref`` refers to, checked against it (:class:`StateCorrupt`
     saying what was expected and what was found otherwise)."""
-    try:
-        doc = _key_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise StateCorrupt(
-            f"key run {ref.key}: expected a key run object of format {RUN_FORMAT}, found "
-            f"{len(data)} bytes that do not decode as one ({exc})"
-        ) from exc
-    expected = (RUN_FORMAT, queue, ref.count)
+    doc = _decoded(_key_decoder, data, "key run", ref.key)
     found = (doc.format, doc.queue, len(doc.keys))
-    if found != expected:
-        raise StateCorrupt(
-            f"key run {ref.key}: expected (format, queue, keys) {expected!r}, found {found!r}"
-        )
+    _check_header("key run", ref.key, "format, queue, keys", (RUN_FORMAT, queue, ref.count), found)
     return doc.keys
 
 

@@ -704,13 +704,11 @@ class QueueState:
 
     def runs_of(self, queue: str | None = None) -> list[tuple[str, RunRef]]:
         """The runs of ``queue`` (of every queue when None) with jobs left, as (queue, ref)."""
-        names = list(self.doc.runs) if queue is None else [queue]
-        return [(q, r) for q in names for r in self.doc.runs.get(q, []) if r.remaining]
+        return _left_in(self.doc.runs, queue)
 
     def dead_runs_of(self, queue: str | None = None) -> list[tuple[str, RunRef]]:
         """The dead runs of ``queue`` (every queue when None) with jobs left, as (queue, ref)."""
-        names = list(self.doc.dead_runs) if queue is None else [queue]
-        return [(q, r) for q in names for r in self.doc.dead_runs.get(q, []) if r.remaining]
+        return _left_in(self.doc.dead_runs, queue)
 
     def key_runs_of(self, queue: str) -> list[tuple[str, KeyRunRef]]:
         """The key runs of ``queue``, as (queue, ref)."""
@@ -742,24 +740,34 @@ class QueueState:
     def run_jobs(self, queue: str | None = None, *, read_only: bool = False) -> list[Job]:
         """The jobs left in the runs of ``queue`` (every queue when None). Every run must have
         been read, unless ``read_only`` (then those not read are skipped)."""
+        return self._jobs_in(self.runs_of(queue), read_only)
+
+    def _jobs_in(self, runs: list[tuple[str, RunRef]], read_only: bool) -> list[Job]:
         found: list[Job] = []
-        for _, ref in self.runs_of(queue):
-            if read_only and ref.key not in self.run_contents:
-                continue
-            found += self._contents(ref)[ref.taken :]
+        for _, ref in runs:
+            if not read_only or ref.key in self.run_contents:
+                found += self._contents(ref)[ref.taken :]
         return found
 
-    def _drop_taken_runs(self, queue: str) -> None:
-        refs = self.doc.runs.get(queue, [])
+    def _drop_emptied(self, runs: dict[str, list[RunRef]], queue: str) -> list[RunRef] | None:
+        """Drop ``queue``'s runs (of ``runs``) with no job left, to be deleted once the commit
+        lands; returns those left, or None when none was emptied."""
+        refs = runs.get(queue, [])
         left = [ref for ref in refs if ref.remaining]
         if len(left) == len(refs):
-            return
+            return None
         self.unused_runs += [ref.key for ref in refs if not ref.remaining]
         if left:
-            self.doc.runs[queue] = left
-            self._runs[queue] = RunMerge(left)
+            runs[queue] = left
         else:
-            del self.doc.runs[queue]
+            del runs[queue]
+        return left
+
+    def _drop_taken_runs(self, queue: str) -> None:
+        left = self._drop_emptied(self.doc.runs, queue)
+        if left:
+            self._runs[queue] = RunMerge(left)
+        elif left is not None:
             del self._runs[queue]
 
     def _drop_dead_runs(self, queue: str) -> int:
@@ -771,16 +779,14 @@ class QueueState:
         return len(doomed)
 
     def dead_run_jobs(self, queue: str | None, *, read_only: bool = False) -> list[Job]:
-        found: list[Job] = []
-        for _, ref in self.dead_runs_of(queue):
-            if not read_only or ref.key in self.run_contents:
-                found += self._contents(ref)[ref.taken :]
-        return found
+        """The dead letters in the dead runs of ``queue`` (every queue when None), as
+        :meth:`run_jobs` for runs."""
+        return self._jobs_in(self.dead_runs_of(queue), read_only)
 
-    def _in_dead_runs(self, job_id: str, queue: str | None = None) -> Job | None:
-        """The dead letter ``job_id`` if it is in a dead run (of ``queue``) that was read."""
-        jobs = self.dead_run_jobs(queue, read_only=True) if self.doc.dead_runs else []
-        return next((job for job in jobs if job.id == job_id), None)
+    def _in_dead_runs(self, job_id: str) -> Job | None:
+        """The dead letter ``job_id`` if it is in a dead run that was read."""
+        jobs = self.dead_run_jobs(None, read_only=True) if self.doc.dead_runs else []
+        return _with_id(jobs, job_id)
 
     def _unspill_dead(self, queue: str) -> None:
         """Bring ``queue``'s dead runs back into the head, for a retry or purge to pick from
@@ -801,19 +807,14 @@ class QueueState:
         ]
 
     def _expire_dead_runs(self, now: float) -> None:
-        for queue, ref in self.expired_dead_runs(now):
+        expired = self.expired_dead_runs(now)
+        for queue, ref in expired:
             cutoff = now - self.config(queue).dead_ttl_seconds
             for job in take_due(ref, self._contents(ref), cutoff):
                 self._drop_body(job)
             self.dirty = True
-        for queue in list(self.doc.dead_runs):
-            refs = self.doc.dead_runs[queue]
-            self.unused_runs += [ref.key for ref in refs if not ref.remaining]
-            left = [ref for ref in refs if ref.remaining]
-            if left:
-                self.doc.dead_runs[queue] = left
-            else:
-                del self.doc.dead_runs[queue]
+        for queue in {queue for queue, _ in expired}:
+            self._drop_emptied(self.doc.dead_runs, queue)
 
     def _drop_runs(self, queue: str) -> int:
         """Remove every run of ``queue``; returns how many jobs they still held."""
@@ -1074,8 +1075,7 @@ class QueueState:
         first (:func:`~objq_broker.model.ops.runs_needed`)."""
         if not self.doc.runs:
             return None
-        jobs = self.run_jobs(queue, read_only=True)
-        return next((job for job in jobs if job.id == job_id), None)
+        return _with_id(self.run_jobs(queue, read_only=True), job_id)
 
     def list_jobs(
         self, queue: str, now: float, state: JobState | None = None, limit: int | None = None
@@ -1218,6 +1218,16 @@ class QueueState:
             return encode_state(doc)
         finally:
             doc.jobs, doc.dead = [], []  # to_doc() builds them when asked
+
+
+def _left_in(runs: dict[str, list[RunRef]], queue: str | None) -> list[tuple[str, RunRef]]:
+    """The runs (of ``runs``) of ``queue``, of every queue when None, with jobs left."""
+    names = list(runs) if queue is None else [queue]
+    return [(q, r) for q in names for r in runs.get(q, []) if r.remaining]
+
+
+def _with_id(jobs: list[Job], job_id: str) -> Job | None:
+    return next((job for job in jobs if job.id == job_id), None)
 
 
 def _due(ref: RunRef, now: float) -> bool:
