@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 from objq_broker.engine.archive import archive_key
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.janitor import Janitor
-from objq_broker.engine.runs import read_runs
+from objq_broker.engine.runs import MERGE_AT, MergeReads, read_runs
 from objq_broker.errors import (
     AccessDenied,
     BucketNotFound,
@@ -128,6 +128,7 @@ class EngineMetrics:
     bodies_writes: int = 0
     conflicts: int = 0
     storage_errors: int = 0
+    runs_merged: int = 0
     max_batch_ops: int = 0
     commit_seconds_total: float = 0.0
 
@@ -234,6 +235,7 @@ class Engine:
         #: Payload bodies kept out of the state, cached by bodies object.
         self.bodies = bodies if bodies is not None else BodyCache(store)
         self._janitor = Janitor(store)
+        self._merge_reads = MergeReads(store, self._janitor, run_jobs)
         self._rng = random.Random(seed)
         self._state: QueueState | None = None
         self._version: str | None = None
@@ -642,13 +644,17 @@ class Engine:
             self._key_cache.pop(key, None)
         self._janitor.delete(consumed, "consumed run")
         self._sweep_runs(state)
+        if self.spill_at is not None:
+            self._merge_reads.plan(state, self._run_cache)
 
     def _write_runs(self, state: QueueState, attempt: _Attempt) -> None:
-        """Spill (when on), and write the runs this commit made: before the head, which must
-        never refer to a run that is not stored. A try that did not land leaves them as
-        orphans, deleted once a later try lands."""
+        """Merge small runs and spill (when on), and write the runs this commit made: before
+        the head, which must never refer to a run that is not stored. A try that did not land
+        leaves them as orphans, deleted once a later try lands."""
         if self.spill_at is not None:
             key_for = functools.partial(run_key, state.doc.version, attempt.commit_id)
+            self._merge_reads.hand_over(self._run_cache)
+            self.metrics.runs_merged += state.merge_runs(key_for, self.run_jobs, MERGE_AT)
             state.spill(self.spill_at, key_for, run_jobs=self.run_jobs)
         for key, data in state.new_runs:
             self.store.write(key, data, if_absent=True)

@@ -1,4 +1,5 @@
-"""Deleting objects the state no longer refers to, off the commit path.
+"""Work off the commit path: deleting objects the state no longer refers to (and reading
+the runs a commit will merge, :class:`~objq_broker.engine.runs.MergeReads`).
 
 A commit that finishes jobs whose payloads were kept out of line drops bodies objects (a
 producer that sends one message per commit makes one per message). Deleting them one after
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 
-from objq_broker.errors import StorageError
+from objq_broker.errors import ObjqError, StorageError
 from objq_broker.storage.base import ObjectStore
 
 log = logging.getLogger("objq_broker.engine")
@@ -42,6 +43,17 @@ class Janitor:
         """Delete whatever ``find`` (which may list the store) returns, off the caller's
         thread; a listing that fails is tried again at the next sweep."""
         self._submit(self._sweep_now, find, what)
+
+    def run(self, fn: Callable[[], None], what: str) -> None:
+        """Run ``fn`` (reading ``what``) off the caller's thread; a failure is logged: what
+        runs here is an optimisation, which the next try does again."""
+        self._submit(self._run_now, fn, what)
+
+    def _run_now(self, fn: Callable[[], None], what: str) -> None:
+        try:
+            fn()
+        except ObjqError as exc:
+            log.warning("could not read %s: %s", what, exc)
 
     def _sweep_now(self, find: Callable[[], list[str]], what: str) -> None:
         try:

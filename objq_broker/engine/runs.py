@@ -8,16 +8,21 @@ in parallel: on S3 or GCS each read is a round trip.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from objq_broker.model.records import KeyRunRef, RunRef
+from objq_broker.engine.janitor import Janitor
+from objq_broker.model.records import Job, KeyRecord, KeyRunRef, RunRef
 from objq_broker.model.runs import decode_key_run, decode_run
 from objq_broker.model.state import QueueState
 from objq_broker.storage.base import ObjectStore
 
 #: Most runs read at once.
 READ_THREADS = 8
+#: Small runs of one kind a queue gathers before they are merged into one (``small_runs``):
+#: a merge rewrites them, worth it for several.
+MERGE_AT = 4
 
 
 def read_runs(
@@ -25,10 +30,19 @@ def read_runs(
 ) -> list[str]:
     """Read those of ``runs`` (queue, ref) not read yet into ``state.run_contents`` (key runs
     into ``state.key_contents``); the keys of those not found."""
+    return read_into(store, runs, state.run_contents, state.key_contents)
+
+
+def read_into(
+    store: ObjectStore,
+    runs: Sequence[tuple[str, RunRef | KeyRunRef]],
+    contents: dict[str, list[Job]],
+    keys: dict[str, dict[str, KeyRecord]],
+) -> list[str]:
+    """Read those of ``runs`` (queue, ref) not in ``contents`` (key runs: ``keys``) into it;
+    the keys of those not found."""
     unread = [
-        (queue, ref)
-        for queue, ref in runs
-        if ref.key not in state.run_contents and ref.key not in state.key_contents
+        (queue, ref) for queue, ref in runs if ref.key not in contents and ref.key not in keys
     ]
 
     def read(run: tuple[str, RunRef | KeyRunRef]) -> tuple[RunRef | KeyRunRef, bytes | None]:
@@ -45,7 +59,54 @@ def read_runs(
         if data is None:
             missing.append(ref.key)
         elif isinstance(ref, KeyRunRef):
-            state.key_contents[ref.key] = decode_key_run(ref, queue, data)
+            keys[ref.key] = decode_key_run(ref, queue, data)
         else:
-            state.run_contents[ref.key] = decode_run(ref, queue, data)
+            contents[ref.key] = decode_run(ref, queue, data)
     return missing
+
+
+class MergeReads:
+    """Reads, off the commit path, the small runs the next commit can merge
+    (:meth:`~objq_broker.model.state.QueueState.merge_runs`), so the commit that merges them
+    only sorts and writes. One read at a time; its runs are handed over once all are read, so
+    a group is merged whole rather than evicted from the cache piece by piece."""
+
+    def __init__(self, store: ObjectStore, janitor: Janitor, run_jobs: int) -> None:
+        self.store = store
+        self.janitor = janitor
+        self.run_jobs = run_jobs
+        self._lock = threading.Lock()
+        self._read: dict[str, list[Job]] = {}
+        self._reading = False
+
+    def plan(self, state: QueueState, cache: Mapping[str, list[Job]]) -> None:
+        """After a commit landed: start reading the runs to merge that ``cache`` lacks."""
+        with self._lock:
+            if self._reading or self._read:
+                return
+            wanted = [
+                (queue, ref)
+                for queue, ref in state.runs_to_merge(self.run_jobs, MERGE_AT)
+                if ref.key not in cache
+            ]
+            if not wanted:
+                return
+            self._reading = True
+        self.janitor.run(lambda: self._read_now(wanted), "runs to merge")
+
+    def _read_now(self, wanted: list[tuple[str, RunRef]]) -> None:
+        read: dict[str, list[Job]] = {}
+        try:
+            read_into(self.store, list(wanted), read, {})  # a run gone was taken meanwhile
+        finally:
+            with self._lock:
+                self._read.update(read)
+                self._reading = False
+
+    def hand_over(self, cache: dict[str, list[Job]]) -> None:
+        """Put what was read into ``cache``, once the whole read is done."""
+        with self._lock:
+            if self._reading:
+                return
+            cache.update(self._read)
+            self._read.clear()

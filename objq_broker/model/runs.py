@@ -259,3 +259,32 @@ def take_due(ref: RunRef, jobs: list[Job], until: float) -> list[Job]:
         ref.next = order_key(ref.kind, jobs[ref.taken])
         ref.oldest = min(job.enqueued_at for job in jobs[ref.taken :])
     return due
+
+
+def small_runs(refs: Iterable[RunRef], kind: RunKind, run_jobs: int, at_least: int) -> list[RunRef]:
+    """The runs of ``kind`` among ``refs`` worth merging into one: those at most half full
+    (of ``run_jobs``), smallest first while together they fit in one run, when there are
+    ``at_least`` of them (fewer are left: merging is a rewrite, worth it only for several).
+
+    Small runs come from spills that could not merge into the queue's newest run (another
+    process wrote it, as direct-mode producers taking turns do) and from runs mostly taken.
+    Merging them bounds the head: a queue then keeps about one reference per half run."""
+    small = sorted(
+        (ref for ref in refs if ref.kind == kind and 0 < 2 * ref.remaining <= run_jobs),
+        key=lambda ref: ref.remaining,
+    )
+    group: list[RunRef] = []
+    held = 0
+    for ref in small:
+        if held + ref.remaining > run_jobs:
+            break
+        group.append(ref)
+        held += ref.remaining
+    return group if len(group) >= max(at_least, 2) else []
+
+
+def merged_jobs(kind: RunKind, runs: Sequence[tuple[RunRef, list[Job]]]) -> list[Job]:
+    """The jobs left in ``runs`` (each a ref and its contents), in the order of a run of
+    ``kind``: each is sorted already, so this is one pass."""
+    left = [jobs[ref.taken :] for ref, jobs in runs]
+    return list(heapq.merge(*left, key=lambda job: order_key(kind, job)))

@@ -53,7 +53,15 @@ from objq_broker.model.records import (
     StateDoc,
     encode_state,
 )
-from objq_broker.model.runs import RunMerge, build_key_run, build_run, order_key, take_due
+from objq_broker.model.runs import (
+    RunMerge,
+    build_key_run,
+    build_run,
+    merged_jobs,
+    order_key,
+    small_runs,
+    take_due,
+)
 
 _ReadyEntry = tuple[int, int, str]  # (priority, seq, job id)
 #: Most jobs one run holds: a claimer reads (and caches) a run whole.
@@ -701,6 +709,53 @@ class QueueState:
         if kind != "dead":
             self._runs[queue] = RunMerge(refs)
         self.dirty = True
+
+    def _merge_groups(
+        self, run_jobs: int, at_least: int
+    ) -> list[tuple[str, RunKind, list[RunRef]]]:
+        """Per queue and kind of run, the small runs worth merging (:func:`small_runs`)."""
+        groups: list[tuple[str, RunKind, list[RunRef]]] = []
+        where: list[tuple[dict[str, list[RunRef]], tuple[RunKind, ...]]] = [
+            (self.doc.runs, ("ready", "timed")),
+            (self.doc.dead_runs, ("dead",)),
+        ]
+        for runs, kinds in where:
+            for queue, refs in runs.items():
+                for kind in kinds:
+                    group = small_runs(refs, kind, run_jobs, at_least)
+                    if group:
+                        groups.append((queue, kind, group))
+        return groups
+
+    def runs_to_merge(self, run_jobs: int, at_least: int) -> list[tuple[str, RunRef]]:
+        """The runs :meth:`merge_runs` would merge, as (queue, ref): to be read beforehand
+        (off the commit path: the engine reads them in the background)."""
+        groups = self._merge_groups(run_jobs, at_least)
+        return [(queue, ref) for queue, _, group in groups for ref in group]
+
+    def merge_runs(self, key_for: Callable[[int], str], run_jobs: int, at_least: int) -> int:
+        """Replace each queue's small runs of a kind (:func:`small_runs`, those whose contents
+        are at hand) by one run holding what is left of them, written before the head as a
+        spill is; returns how many runs were merged. The jobs do not change, so neither do
+        the claim order, the counts nor the bodies' references."""
+        merged = 0
+        for queue, kind, group in self._merge_groups(run_jobs, at_least):
+            at_hand = [ref for ref in group if ref.key in self.run_contents]
+            if len(at_hand) < max(at_least, 2):
+                continue
+            jobs = merged_jobs(kind, [(ref, self.run_contents[ref.key]) for ref in at_hand])
+            new, data = build_run(key_for(len(self.new_runs)), queue, kind, jobs)
+            self.new_runs.append((new.key, data))
+            self.run_contents[new.key] = jobs  # as a spill keeps its tail: it is the newest
+            runs = self.doc.dead_runs if kind == "dead" else self.doc.runs
+            gone = {ref.key for ref in at_hand}
+            runs[queue] = [ref for ref in runs[queue] if ref.key not in gone] + [new]
+            self.unused_runs += sorted(gone)  # dropped from the cache once this lands
+            if kind != "dead":
+                self._runs[queue] = RunMerge(runs[queue])
+            merged += len(gone)
+            self.dirty = True
+        return merged
 
     def runs_of(self, queue: str | None = None) -> list[tuple[str, RunRef]]:
         """The runs of ``queue`` (of every queue when None) with jobs left, as (queue, ref)."""

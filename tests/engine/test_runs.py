@@ -16,6 +16,7 @@ from objq_broker import Queue, ops
 from objq_broker.broker.elected import ElectedCommitter
 from objq_broker.engine import Engine
 from objq_broker.engine.commit import RUN_CACHE_SIZE, STATE_KEY
+from objq_broker.engine.runs import MERGE_AT
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ConfigurationError, StateCorrupt
 from objq_broker.model.ops import DeadLetters, Expire, FindJob
@@ -416,3 +417,38 @@ def test_a_producer_of_single_jobs_keeps_one_run_growing(store: ObjectStore) -> 
         assert [(j.priority, j.id) for j in claimed] == order
     finally:
         engine.close()
+
+
+def test_producers_taking_turns_have_their_small_runs_merged(store: ObjectStore) -> None:
+    """Direct-mode producers taking turns each spill into a run of their own (neither has the
+    other's newest run at hand). Small runs are read in the background and merged by a later
+    commit: the head keeps a bounded number of references, the merged runs are deleted, and
+    every job is claimed once, in order."""
+    run_jobs = 8 * (BOUND + 1)  # spills of BOUND + 1 jobs are small runs
+    producers = [Engine(store, spill_at=BOUND, run_jobs=run_jobs) for _ in range(2)]
+    made: list[tuple[int, int, str]] = []
+    try:
+        producers[0].call(ops.declare("q", {}))
+        for turn in range(24):
+            engine = producers[turn % 2]
+            bodies = [f"job {turn}-{n}".encode() for n in range(BOUND + 1)]
+            jobs = engine.call(ops.enqueue("q", bodies, priority=turn % 3))
+            made += [(job.priority, job.seq, job.id) for job in jobs]
+            engine.flush()  # its background reads too: the next commit can merge
+        merged = sum(engine.metrics.runs_merged for engine in producers)
+        refs = [ref for ref in runs_of(store) if ref.kind == "ready"]
+        assert merged >= 8, f"expected small runs merged, found {merged}"
+        small = [ref for ref in refs if 2 * ref.remaining <= run_jobs]
+        # A commit may make the MERGE_AT-th small run: the next one merges them.
+        assert len(small) <= MERGE_AT, f"small runs left: {[r.remaining for r in small]}"
+        assert sum(ref.remaining for ref in refs) == len(made) - head(store)[1]
+        assert sorted(store.list("runs/")) == sorted(ref.key for ref in runs_of(store))
+        claimer = Engine(store)
+        try:
+            claimed: list[Job] = claimer.call(ops.claim(["q"], len(made), owner="test"))
+        finally:
+            claimer.close()
+        assert [(j.priority, j.id) for j in claimed] == [(p, i) for p, _, i in sorted(made)]
+    finally:
+        for engine in producers:
+            engine.close()

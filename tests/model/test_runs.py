@@ -11,8 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from objq_broker.errors import StateCorrupt
-from objq_broker.model.records import Job, Lease
-from objq_broker.model.runs import RunMerge, build_run, decode_run, orphan_runs, run_key
+from objq_broker.model.records import Job, Lease, RunKind, RunRef
+from objq_broker.model.runs import (
+    RunMerge,
+    build_run,
+    decode_run,
+    merged_jobs,
+    orphan_runs,
+    run_key,
+    small_runs,
+)
 
 
 def job(seq: int, priority: int = 0, visible_at: float = 0.0, queue: str = "q") -> Job:
@@ -119,3 +127,29 @@ def test_orphan_runs_are_those_no_commit_can_land_with() -> None:
         "runs/notes.txt",  # not ours
     ]
     assert orphan_runs(listed, 8, {run_key(7, "a1", 0)}) == listed[1:3]
+
+
+def sized(key: str, count: int, taken: int = 0, kind: RunKind = "ready") -> RunRef:
+    return RunRef(key=key, kind=kind, count=count, taken=taken, next=(0, 0), oldest=0.0)
+
+
+def test_small_runs_are_merged_smallest_first_only_when_several_fit() -> None:
+    refs = [sized("a", 5), sized("b", 2), sized("c", 9, taken=7), sized("d", 6), sized("e", 1)]
+    # At most half full (of 10): a (5), b (2), c (2 left), e (1); d (6) is not small.
+    assert [r.key for r in small_runs(refs, "ready", 10, at_least=2)] == ["e", "b", "c", "a"]
+    # Smallest first while they fit in one run of 6: e, b, c (5 jobs); a would make 10.
+    assert [r.key for r in small_runs(refs, "ready", 6, at_least=2)] == ["e", "b", "c"]
+    # Fewer than asked for are left alone, and so is another kind, and a single one.
+    assert small_runs(refs, "ready", 6, at_least=4) == []
+    assert small_runs(refs, "timed", 10, at_least=2) == []
+    assert small_runs([sized("x", 1), sized("y", 9, 9)], "ready", 10, at_least=1) == []
+
+
+def test_merged_runs_keep_the_order_of_what_is_left() -> None:
+    first = [job(1, priority=1), job(4, priority=0), job(6, priority=1)]
+    second = [job(2, priority=0), job(3, priority=2)]
+    for jobs in (first, second):
+        jobs.sort(key=lambda j: (j.priority, j.seq))
+    refs = [sized("a", 3, taken=1), sized("b", 2)]
+    merged = merged_jobs("ready", [(refs[0], first), (refs[1], second)])
+    assert [(j.priority, j.seq) for j in merged] == [(0, 2), (1, 1), (1, 6), (2, 3)]

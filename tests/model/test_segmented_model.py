@@ -1,7 +1,8 @@
 """The segmented state against the same reference model: every rule and invariant of
 :mod:`tests.model.test_state_model`, with a rule that moves each queue's ready jobs into runs
-of 1 to 3 jobs past a tiny bound (0 to 3), so claims, stats, lookups, idempotency keys,
-purges, queue deletion and round trips through the stored form all meet runs. Runs are kept as
+of 1 to 3 jobs past a tiny bound (0 to 3) and one that merges small runs, so claims, stats,
+lookups, idempotency keys, purges, queue deletion and round trips through the stored form all
+meet runs. Runs are kept as
 their stored bytes and read back through the checked codec; a consumed run is deleted as the
 engine's janitor would, so a state that still referred to one would fail to read it."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Callable
 
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -55,17 +57,25 @@ class SegmentedMachine(QueueMachine):
 
     @rule(bound=st.integers(0, 3), run_jobs=st.integers(1, 3))
     def spill(self, bound: int, run_jobs: int) -> None:
+        self.commit(lambda key_for: self.state.spill(bound, key_for, run_jobs=run_jobs), "spilled")
+
+    @rule(run_jobs=st.integers(2, 8), at_least=st.integers(2, 3))
+    def merge(self, run_jobs: int, at_least: int) -> None:
+        self.commit(lambda key_for: self.state.merge_runs(key_for, run_jobs, at_least), "merged")
+
+    def commit(self, change: Callable[[Callable[[int], str]], object], what: str) -> None:
+        """Apply ``change`` (given the keys of the runs it makes) as a commit: what the last
+        one left unused is deleted, and the runs it makes are stored."""
         for key in self.state.unused_runs:  # the last "commit" landed: the janitor's turn
             del self.stored[key]
         self.state.unused_runs.clear()
         number = next(self.commits)
-        key_for = functools.partial(run_key, number, f"c{number}")
-        self.state.spill(bound, key_for, run_jobs=run_jobs)
+        change(functools.partial(run_key, number, f"c{number}"))
         kinds = {ref.key: ref.kind for refs in self.state.doc.runs.values() for ref in refs}
         kinds |= {ref.key: "dead" for refs in self.state.doc.dead_runs.values() for ref in refs}
         for key, data in self.state.new_runs:
             self.stored[key] = data
-            event(f"spilled a {kinds.get(key, 'key')} run")
+            event(f"{what} a {kinds.get(key, 'key')} run")
         self.state.new_runs.clear()
         self.read_runs(self.state)
 
