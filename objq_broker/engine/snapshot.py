@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.commit import STATE_KEY
-from objq_broker.engine.runs import read_runs
+from objq_broker.engine.runs import read_into, read_runs
 from objq_broker.errors import StorageError
 from objq_broker.model.records import (
     BrokerRecord,
@@ -155,6 +155,40 @@ class Snapshot:
         for queue in self._state.queue_names():
             yield from self._state.dead_letters(queue)
 
+    # --- reading in parts (the Spark tables: the head on one task, the runs on others) -----
+
+    def head_live(self) -> list[tuple[JobState, Job]]:
+        """The jobs not yet finished that the head holds (not those waiting in runs)."""
+        return [(job.state_at(self.read_at), job) for job in self._state.jobs.values()]
+
+    def head_dead(self) -> list[Job]:
+        """The dead letters the head holds (not those in dead runs)."""
+        return list(self._state.dead.values())
+
+    def live_runs(self) -> list[tuple[str, RunRef]]:
+        """The ready and timed runs with jobs left, as (queue, ref): read them with
+        :func:`run_rows`, wherever."""
+        return self._state.runs_of()
+
+    def dead_runs(self) -> list[tuple[str, RunRef]]:
+        """The dead runs with dead letters left, as (queue, ref)."""
+        return self._state.dead_runs_of()
+
     def fill(self, job: Job) -> Job:
         """``job`` with its payload, loaded from its bodies object if kept out of line."""
         return self.bodies.fill(job)
+
+
+def run_rows(
+    store: ObjectStore, queue: str, ref: RunRef, read_at: float
+) -> list[tuple[JobState, Job]]:
+    """The jobs left in the run ``ref`` of ``queue`` (from a :class:`Snapshot` read at
+    ``read_at``) with their state then; none when the run is gone: it was consumed whole
+    since the snapshot (its jobs were claimed after that moment)."""
+    contents: dict[str, list[Job]] = {}
+    if read_into(store, [(queue, ref)], contents, {}):
+        return []
+    jobs = contents[ref.key][ref.taken :]
+    if ref.kind == "dead":
+        return [("dead", job) for job in jobs]
+    return [(job.state_at(read_at), job) for job in jobs]

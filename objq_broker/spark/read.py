@@ -2,8 +2,10 @@
 
 Tables (option ``table``):
 
-* ``jobs``: the jobs in the state now (ready, delayed, in-flight), read from one state object.
-* ``dead``: the dead letters in the state now.
+* ``jobs``: the jobs in the state now (ready, delayed, in-flight). The driver reads the state
+  object once; one partition holds the jobs of its head, and the runs it refers to (the
+  backlog, ``docs/segments.md``) are read by the executors, ``runs_per_partition`` at a time.
+* ``dead``: the dead letters in the state now, read the same way.
 * ``archive``: finished and dead-lettered jobs from ``archive/YYYY/MM/DD/HH/*.jsonl``, one Spark
   partition per group of ``objects_per_partition`` archive objects.
 
@@ -38,16 +40,19 @@ from pyspark.sql.datasource import (
 
 from objq_broker.engine.archive import archive_keys, read_archive
 from objq_broker.engine.bodies import BodyCache
-from objq_broker.engine.snapshot import Snapshot
+from objq_broker.engine.snapshot import Snapshot, run_rows
 from objq_broker.errors import ConfigurationError, ObjqError
 from objq_broker.model.messages import describe
-from objq_broker.model.records import Job, JobState
+from objq_broker.model.records import Job, JobState, RunRef
 from objq_broker.storage import ObjectStore, open_store
 
 #: The tables this source reads.
 TABLES = ("jobs", "dead", "archive")
 #: Archive objects one Spark partition reads, unless the ``objects_per_partition`` option says.
 DEFAULT_OBJECTS_PER_PARTITION = 32
+#: Runs (of up to 10,000 jobs) one Spark partition of the jobs or dead table reads, unless
+#: the ``runs_per_partition`` option says.
+DEFAULT_RUNS_PER_PARTITION = 4
 #: Rows per Arrow record batch handed to Spark.
 BATCH_ROWS = 8192
 
@@ -119,9 +124,13 @@ class TimeBounds:
 
 @dataclass
 class ObjqPartition(InputPartition):
-    """A table's share for one task: archive keys, or the whole state (``keys`` empty)."""
+    """A table's share for one task: archive ``keys``; or rows of the state's head as the
+    driver read it (``head``), or runs it referred to then (``runs``, read at ``read_at``)."""
 
     keys: list[str] = field(default_factory=list)
+    head: list[tuple[JobState, Job]] = field(default_factory=list)
+    runs: list[tuple[str, RunRef]] = field(default_factory=list)
+    read_at: float = 0.0
 
 
 def _seconds(value: object, where: str) -> float:
@@ -135,10 +144,17 @@ def _seconds(value: object, where: str) -> float:
 class ObjqReader(DataSourceReader):
     """Plans partitions on the driver and reads them in the executors."""
 
-    def __init__(self, url: str, table: str, objects_per_partition: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        table: str,
+        objects_per_partition: int = 0,
+        runs_per_partition: int = 0,
+    ) -> None:
         self.url = url
         self.table = table
-        self.objects_per_partition = objects_per_partition
+        self.objects_per_partition = objects_per_partition or DEFAULT_OBJECTS_PER_PARTITION
+        self.runs_per_partition = runs_per_partition or DEFAULT_RUNS_PER_PARTITION
         self.queues: set[str] | None = None
         self.bounds = TimeBounds()
 
@@ -164,10 +180,10 @@ class ObjqReader(DataSourceReader):
         return False
 
     def partitions(self) -> list[ObjqPartition]:
-        if self.table != "archive":
-            return [ObjqPartition()]
         store = open_store(self.url)
         try:
+            if self.table != "archive":
+                return self._state_partitions(Snapshot.read(store))
             since, until = self.bounds.listing_range()
             keys = archive_keys(store, since, until)
         finally:
@@ -176,6 +192,24 @@ class ObjqReader(DataSourceReader):
         groups = [keys[i : i + size] for i in range(0, len(keys), size)]
         # An empty archive still needs one (empty) partition to answer with no rows.
         return [ObjqPartition(group) for group in groups] or [ObjqPartition(["-"])]
+
+    def _state_partitions(self, snapshot: Snapshot) -> list[ObjqPartition]:
+        """The head's rows on one partition, the runs on the others: every part comes from
+        the one state read here, so no job is counted twice. A run consumed whole before an
+        executor reads it yields nothing: its jobs were claimed after this moment."""
+        if self.table == "dead":
+            head: list[tuple[JobState, Job]] = [("dead", job) for job in snapshot.head_dead()]
+            runs = snapshot.dead_runs()
+        else:
+            head, runs = snapshot.head_live(), snapshot.live_runs()
+        if self.queues is not None:
+            head = [(state, job) for state, job in head if job.queue in self.queues]
+            runs = [(queue, ref) for queue, ref in runs if queue in self.queues]
+        at, size = snapshot.read_at, self.runs_per_partition
+        groups = [runs[i : i + size] for i in range(0, len(runs), size)]
+        return [ObjqPartition(head=head, read_at=at)] + [
+            ObjqPartition(runs=group, read_at=at) for group in groups
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ObjqPartition)
@@ -191,7 +225,7 @@ class ObjqReader(DataSourceReader):
                         if rows.full():
                             yield rows.flush()
             else:
-                for state, job in _state_rows(store, self.table):
+                for state, job in _state_rows(store, partition):
                     rows.add(state, job, store)
                     if rows.full():
                         yield rows.flush()
@@ -201,13 +235,10 @@ class ObjqReader(DataSourceReader):
             store.close()
 
 
-def _state_rows(store: ObjectStore, table: str) -> Iterator[tuple[JobState, Job]]:
-    snapshot = Snapshot.read(store)
-    if table == "dead":
-        for job in snapshot.all_dead():
-            yield "dead", job
-    else:
-        yield from snapshot.all_live()
+def _state_rows(store: ObjectStore, partition: ObjqPartition) -> Iterator[tuple[JobState, Job]]:
+    yield from partition.head
+    for queue, ref in partition.runs:
+        yield from run_rows(store, queue, ref, partition.read_at)
 
 
 class _RowBuilder:

@@ -39,6 +39,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
 from objq_broker.errors import ConfigurationError
 from objq_broker.spark.read import (
     DEFAULT_OBJECTS_PER_PARTITION,
+    DEFAULT_RUNS_PER_PARTITION,
     SCHEMA,
     TABLES,
     ObjqReader,
@@ -61,7 +62,8 @@ SESSION_CONF = {
 
 class ObjqDataSource(DataSource):
     """The ``objq`` format. Options: ``url`` (required), then for reading ``table``
-    (jobs, dead or archive; default archive) and ``objects_per_partition``; for writing
+    (jobs, dead or archive; default archive), ``objects_per_partition`` (archive) and
+    ``runs_per_partition`` (jobs, dead); for writing
     ``queue`` and the options of :mod:`objq_broker.spark.rows`."""
 
     @classmethod
@@ -79,10 +81,9 @@ class ObjqDataSource(DataSource):
             raise ConfigurationError(
                 f"{where}: option 'table' must be one of {TABLES}, found {table!r}"
             )
-        size = option_int(options, "objects_per_partition", DEFAULT_OBJECTS_PER_PARTITION, where)
-        if size is None or size < 1:
-            raise ConfigurationError(f"{where}: objects_per_partition must be >= 1, found {size}")
-        return ObjqReader(required(options, "url", where), table, size)
+        objects = _at_least_one(options, "objects_per_partition", DEFAULT_OBJECTS_PER_PARTITION)
+        runs = _at_least_one(options, "runs_per_partition", DEFAULT_RUNS_PER_PARTITION)
+        return ObjqReader(required(options, "url", where), table, objects, runs)
 
     def writer(self, schema: StructType, overwrite: bool) -> ObjqWriter:
         if overwrite:
@@ -91,6 +92,14 @@ class ObjqDataSource(DataSource):
                 "objq only adds jobs: use mode('append')"
             )
         return ObjqWriter(settings_from_options(self.options, list(schema.fieldNames())))
+
+
+def _at_least_one(options: Any, name: str, default: int) -> int:
+    """The reader's integer option ``name`` (``default`` when absent), checked to be >= 1."""
+    size = option_int(options, name, default, "objq reader")
+    if size is None or size < 1:
+        raise ConfigurationError(f"objq reader: {name} must be an integer >= 1, found {size}")
+    return size
 
 
 #: Spark finds a data source by module name through this alias: ``format("objq_broker.spark")``.

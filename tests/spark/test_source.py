@@ -16,13 +16,15 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from objq_broker import Queue
-from objq_broker.engine import STATE_KEY
+from objq_broker import Queue, ops
+from objq_broker.engine import STATE_KEY, Engine
 from objq_broker.engine.archive import archive_key
+from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import QueueError
 from objq_broker.model.bodies import split_ref
 from objq_broker.model.records import ArchiveRecord, Job, decode_state, encode_archive
 from objq_broker.spark import ObjqDataSource
+from objq_broker.spark.read import ObjqReader
 from objq_broker.storage import open_store
 
 ROWS = 100  # two partitions of 50
@@ -277,3 +279,64 @@ def test_filters_on_queue_and_time_are_pushed_down(spark: Any, tmp_path: Path) -
     assert chosen.rdd.getNumPartitions() == 6
     assert archive().rdd.getNumPartitions() == 12
     assert archive().count() == 60
+
+
+def _with_runs(url: str) -> Engine:
+    """A namespace whose backlog, delayed jobs and dead letters are mostly in runs: 60 ready
+    jobs, 15 delayed, 12 dead letters and 3 in flight, past a bound of 5 in runs of 10."""
+    engine = Engine(open_store(url), spill_at=5, run_jobs=10)
+    engine.call(ops.declare("q", {}))
+    for n in range(6):
+        payloads = [f"job-{n}-{i}".encode() for i in range(10)]
+        engine.call(ops.enqueue("q", payloads, priority=n % 3))
+    engine.call(ops.enqueue("q", [f"later-{i}".encode() for i in range(15)], delay=3600))
+    doomed = engine.call(ops.claim(["q"], 12, owner="test"))
+    for delivery in ops.deliveries(doomed):
+        engine.call(ops.nack(delivery, error="boom", retry=False))
+    engine.call(ops.claim(["q"], 3, owner="test"))
+    engine.flush()
+    return engine
+
+
+def test_jobs_and_dead_tables_read_runs_on_several_partitions(spark: Any, tmp_path: Path) -> None:
+    url = tmp_path.as_uri()
+    _with_runs(url).close()
+    snapshot = Snapshot.read(open_store(url))
+    live_runs, dead_runs = snapshot.live_runs(), snapshot.dead_runs()
+    assert len(live_runs) >= 4 and len(dead_runs) >= 1, "the namespace did not spill"
+    expected = {(job.id, state, snapshot.fill(job).payload) for state, job in snapshot.all_live()}
+    assert len(expected) == 60 + 15 - 12
+    reader = spark.read.format("objq").option("url", url).option("runs_per_partition", "2")
+    jobs = reader.option("table", "jobs").load()
+    # The head on one partition, the runs two by two on others; every job once, as it is.
+    assert jobs.rdd.getNumPartitions() == 1 + (len(live_runs) + 1) // 2
+    rows = jobs.where("queue = 'q'").collect()
+    assert len(rows) == len(expected)
+    assert {(r.id, r.state, r.payload) for r in rows} == expected
+    assert {state for _, state, _ in expected} == {"ready", "delayed", "in-flight"}
+    dead = reader.option("table", "dead").load()
+    assert dead.rdd.getNumPartitions() == 1 + (len(dead_runs) + 1) // 2
+    assert sorted(r.id for r in dead.collect()) == sorted(j.id for j in snapshot.all_dead())
+    assert {r.error for r in dead.collect()} == {"boom"}
+
+
+def test_a_run_consumed_after_planning_yields_no_rows_and_the_rest_are_read(
+    tmp_path: Path,
+) -> None:
+    url = tmp_path.as_uri()
+    engine = _with_runs(url)
+    try:
+        reader = ObjqReader(url, "jobs", runs_per_partition=1)
+        parts = reader.partitions()
+        planned = {p.runs[0][1].key: p for p in parts if p.runs}
+        # Workers take the whole backlog's first runs, which are then deleted.
+        engine.call(ops.claim(["q"], 20, owner="late"))
+        engine.flush()
+        gone = [key for key in planned if open_store(url).read(key) is None]
+        assert gone, "no run was consumed"
+        for key, part in planned.items():
+            count = sum(batch.num_rows for batch in reader.read(part))
+            ref = part.runs[0][1]
+            assert count == (0 if key in gone else ref.remaining)
+    finally:
+        engine.close()
