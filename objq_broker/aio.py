@@ -22,7 +22,7 @@ from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.commit import EngineMetrics
 from objq_broker.model.ops import DeadLetters, Expire, FindJob, GetConfig, Op, QueueNames
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
-from objq_broker.model.state import QueueStats, StagedBodies
+from objq_broker.model.state import QueueStats, StagedBodies, StagedRun
 from objq_broker.queue import (
     DEFAULT_MAX_POLL_SECONDS,
     DEFAULT_POLL_SECONDS,
@@ -176,6 +176,11 @@ class AsyncQueue:
             max_attempts=max_attempts,
         )
         return await self._run(op)
+
+    async def enqueue_runs(
+        self, queue: str, runs: Sequence[StagedRun], *, write_id: str
+    ) -> int | None:
+        return await self._run(ops.enqueue_runs(queue, runs, write_id=write_id))
 
     # --- consuming -------------------------------------------------------------------------
 

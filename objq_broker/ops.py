@@ -35,9 +35,9 @@ from objq_broker.model.checks import (
     checked,
 )
 from objq_broker.model.records import Job, JobState, QueueConfig, encode_payload
-from objq_broker.model.state import NewJob, StagedBodies, settings_of
+from objq_broker.model.state import NewJob, StagedBodies, StagedRun, settings_of
 
-__all__ = ["Delay", "Delivery", "StagedBodies"]
+__all__ = ["Delay", "Delivery", "StagedBodies", "StagedRun"]
 
 #: A span of time as callers give it: seconds, a timedelta, or nothing.
 Delay = float | int | timedelta | None
@@ -233,6 +233,15 @@ def enqueue_staged(
         args.priority,
         args.delay,
         args.max_attempts,
+    )
+
+
+def enqueue_runs(queue: str, runs: Sequence[StagedRun], *, write_id: str) -> ops.EnqueueRuns:
+    where = f"staged runs for {queue!r}"
+    return ops.EnqueueRuns(
+        queue_name(queue, where),
+        [checked(msgspec.structs.asdict(run), StagedRun, where) for run in runs],
+        checked({"key": write_id}, _Key, f"{where}: write_id").key or "",
     )
 
 

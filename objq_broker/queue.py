@@ -29,7 +29,7 @@ from objq_broker.engine.port import Committer
 from objq_broker.errors import ConfigurationError, LeaseLost
 from objq_broker.model.ops import Claim, DeadLetters, Expire, FindJob, GetConfig, Op, QueueNames
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
-from objq_broker.model.state import QueueStats, StagedBodies
+from objq_broker.model.state import QueueStats, StagedBodies, StagedRun
 from objq_broker.ops import Delay, Delivery, default_owner
 from objq_broker.storage import ObjectStore
 
@@ -264,6 +264,16 @@ class Queue:
             max_attempts=max_attempts,
         )
         return self.submit(op).result()
+
+    def enqueue_runs(self, queue: str, runs: Sequence[StagedRun], *, write_id: str) -> int | None:
+        """Add the jobs of runs already written (by the tasks of a Spark write), in one
+        commit that adds a reference per run: the jobs never pass through the state's head.
+
+        Each run (:mod:`objq_broker.model.runs` format, jobs numbered from 0) refers to the
+        entries of one bodies object written with it; both are deleted once their last job
+        finished. The runs take their place in the queue after every job enqueued before, in
+        the order given. Idempotent by ``write_id`` as :meth:`enqueue_staged`."""
+        return self.submit(ops.enqueue_runs(queue, runs, write_id=write_id)).result()
 
     # --- consuming -------------------------------------------------------------------------
 

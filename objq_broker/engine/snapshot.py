@@ -92,6 +92,11 @@ class Snapshot:
         """Keys of the bodies objects that jobs of this state refer to."""
         return set(self._state.doc.bodies)
 
+    @property
+    def referenced_runs(self) -> set[str]:
+        """Keys of the runs this state refers to, of every kind."""
+        return self._state.doc.run_keys()
+
     def queue_names(self) -> list[str]:
         return self._state.queue_names()
 

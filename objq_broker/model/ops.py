@@ -43,7 +43,7 @@ from objq_broker.model.records import (
     QueueConfig,
     RunRef,
 )
-from objq_broker.model.state import NewJob, QueueState, QueueStats, StagedBodies
+from objq_broker.model.state import NewJob, QueueState, QueueStats, StagedBodies, StagedRun
 
 T = TypeVar("T")
 Held = tuple[str, str]  # (job id, lease token)
@@ -153,6 +153,18 @@ class EnqueueStaged(Op[int | None], frozen=True):
             delay_seconds=self.delay_seconds,
             max_attempts=self.max_attempts,
         )
+
+    def replay(self, state: QueueState, now: float) -> int | None:
+        return None  # as when the same write id is committed twice
+
+
+class EnqueueRuns(Op[int | None], frozen=True):
+    queue: QueueName
+    runs: list[StagedRun]
+    write_id: Identifier
+
+    def apply(self, state: QueueState, now: float) -> int | None:
+        return state.enqueue_runs(self.queue, self.runs, now, write_id=self.write_id)
 
     def replay(self, state: QueueState, now: float) -> int | None:
         return None  # as when the same write id is committed twice
@@ -399,6 +411,7 @@ ANY_OP: Any = (
     | DeleteQueue
     | Enqueue
     | EnqueueStaged
+    | EnqueueRuns
     | Claim
     | Heartbeat
     | Ack
@@ -505,7 +518,7 @@ def _looked_into(state: QueueState, op: Op[Any]) -> list[tuple[str, RunRef | Key
         found += state.dead_runs_of(op.queue) if op.state in (None, "dead") else []
     elif isinstance(op, DeadLetters | RetryDead | PurgeDead):
         found += state.dead_runs_of(op.queue)
-    elif isinstance(op, EnqueueStaged):
+    elif isinstance(op, EnqueueStaged | EnqueueRuns):
         found += state.key_runs_of(op.queue)
     elif isinstance(op, Enqueue):
         found += _keyed_enqueue_runs(state, op.items)

@@ -161,7 +161,11 @@ class RunRef(msgspec.Struct, kw_only=True, array_like=True):
     """A run of a queue's backlog (:mod:`objq_broker.model.runs`) as the head refers to it:
     ``taken`` jobs of ``count`` are gone from its front, ``next`` is the order key of the
     first one left, ``oldest`` the earliest ``enqueued_at`` among those left, and ``last`` the
-    order key of its last job (None: not known, as if it sorted after every other)."""
+    order key of its last job (None: not known, as if it sorted after every other).
+
+    ``base`` is added to the ``seq`` of every job the run holds: a run written before the
+    commit that enqueues it (by a Spark task) numbers its jobs from 0, and that commit gives
+    it its place in the queue's order. ``next`` and ``last`` hold the numbers with it added."""
 
     key: str
     kind: RunKind
@@ -170,6 +174,7 @@ class RunRef(msgspec.Struct, kw_only=True, array_like=True):
     next: OrderKey
     oldest: float
     last: OrderKey | None = None
+    base: int = 0
 
     @property
     def remaining(self) -> int:

@@ -137,10 +137,24 @@ def decode_run(ref: RunRef, queue: str, data: bytes) -> list[Job]:
         (RUN_FORMAT, queue, ref.kind, ref.count),
         (doc.format, doc.queue, doc.kind, len(doc.jobs)),
     )
+    if ref.base:
+        for job in doc.jobs:
+            job.seq += ref.base
     keys = [order_key(doc.kind, job) for job in doc.jobs]
     if keys != sorted(keys) or any(job.queue != queue for job in doc.jobs):
         raise StateCorrupt(f"run {ref.key}: expected jobs of {queue!r} in order, found otherwise")
     return doc.jobs
+
+
+def rebased(ref: RunRef, base: int) -> RunRef:
+    """``ref`` (of a run whose jobs are numbered from 0) given its place in the queue: its
+    jobs' numbers start at ``base``."""
+    if ref.base or ref.taken:
+        raise ValueError(f"run {ref.key}: expected a new run numbered from 0, found {ref}")
+    last = None if ref.last is None else (ref.last[0], ref.last[1] + base)
+    return msgspec.structs.replace(
+        ref, next=(ref.next[0], ref.next[1] + base), last=last, base=base
+    )
 
 
 class KeyRunDoc(msgspec.Struct, kw_only=True):

@@ -19,7 +19,7 @@ import bisect
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -45,6 +45,7 @@ from objq_broker.model.records import (
     KeyRunRef,
     Lease,
     NackResult,
+    OrderKey,
     Outcome,
     QueueConfig,
     RunKind,
@@ -59,6 +60,7 @@ from objq_broker.model.runs import (
     build_run,
     merged_jobs,
     order_key,
+    rebased,
     small_runs,
     take_due,
 )
@@ -93,6 +95,31 @@ class StagedBodies(msgspec.Struct, frozen=True):
     count: Annotated[int, msgspec.Meta(ge=1, le=MAX_STAGED_ENTRIES)]
     priorities: tuple[Priority, ...] | None = None
     delays: tuple[SignedSeconds, ...] | None = None
+
+
+class StagedRun(msgspec.Struct, frozen=True):
+    """A run written ahead of the commit that enqueues its jobs (by a Spark task): its jobs
+    refer to entries of the bodies object ``bodies`` and are numbered from 0; ``next``,
+    ``last`` and ``oldest`` are as in its :class:`RunRef`."""
+
+    key: Identifier
+    bodies: Identifier
+    kind: Literal["ready", "timed"]
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_RUN_JOBS)]
+    next: OrderKey
+    last: OrderKey
+    oldest: float
+
+    def ref(self) -> RunRef:
+        return RunRef(
+            key=self.key,
+            kind=self.kind,
+            count=self.count,
+            taken=0,
+            next=self.next,
+            oldest=self.oldest,
+            last=self.last,
+        )
 
 
 #: Idempotency keys of staged writes (``enqueue_staged``) start with this, so they never meet
@@ -465,9 +492,7 @@ class QueueState:
         same id adds nothing and returns None (a retried commit); otherwise it returns how many
         jobs were added. ``ids`` holds one new job id per entry, in order."""
         check_queue_name(queue)
-        slot = key_slot(queue, f"{STAGED_WRITE_KEY}{write_id}")
-        record = self.key_record(queue, f"{STAGED_WRITE_KEY}{write_id}")
-        if record is not None and record.expires_at > now:
+        if self._written(queue, write_id, now):
             return None
         self._check_staged(queue, staged, ids, max_attempts)
         self.declare(queue)
@@ -495,11 +520,64 @@ class QueueState:
                 members.add(job.id)
                 self._schedule(job, now)
             self.doc.bodies[item.key] = item.count
-        expires = now + config.idempotency_seconds
-        self.doc.keys[slot] = KeyRecord(ids[0] if ids else "", expires)
+        self._note_written(queue, write_id, now, ids[0] if ids else "")
+        return position
+
+    def enqueue_runs(
+        self, queue: str, runs: list[StagedRun], now: float, *, write_id: str
+    ) -> int | None:
+        """Add the jobs of runs already stored (with the bodies objects they refer to), in
+        one transition that adds a reference per run: a Spark write's jobs never pass through
+        the head. Each run takes its place after every job enqueued before it, in the order
+        given. Idempotent by ``write_id`` as :meth:`enqueue_staged`."""
+        check_queue_name(queue)
+        if self._written(queue, write_id, now):
+            return None
+        self._check_staged_runs(queue, runs)
+        self.declare(queue)
+        refs = self.doc.runs.setdefault(queue, [])
+        for run in runs:
+            refs.append(rebased(run.ref(), self.doc.seq + 1))
+            self.doc.seq += run.count
+            self.doc.bodies[run.bodies] = self.doc.bodies.get(run.bodies, 0) + run.count
+        if refs:
+            self._runs[queue] = RunMerge(refs)
+        else:
+            del self.doc.runs[queue]
+        self._note_written(queue, write_id, now, runs[0].key if runs else "")
+        return sum(run.count for run in runs)
+
+    def _written(self, queue: str, write_id: str, now: float) -> bool:
+        """Whether the staged write ``write_id`` was committed within the idempotency window."""
+        record = self.key_record(queue, f"{STAGED_WRITE_KEY}{write_id}")
+        return record is not None and record.expires_at > now
+
+    def _note_written(self, queue: str, write_id: str, now: float, first: str) -> None:
+        expires = now + self.doc.queues[queue].idempotency_seconds
+        self.doc.keys[key_slot(queue, f"{STAGED_WRITE_KEY}{write_id}")] = KeyRecord(first, expires)
         self._sweep_at = min(self._sweep_at, expires)
         self.dirty = True
-        return position
+
+    def _check_staged_runs(self, queue: str, runs: list[StagedRun]) -> None:
+        """Refuse runs a staged write cannot add, before anything changes."""
+        where = f"staged runs for {queue!r}"
+        keys = [run.key for run in runs]
+        taken = set(keys) & self.doc.run_keys()
+        if len(set(keys)) != len(keys) or taken:
+            raise ConfigurationError(
+                f"{where}: expected runs not referred to yet, found {sorted(taken) or keys}"
+            )
+        fresh = {run.bodies for run in runs}
+        if fresh & self.doc.bodies.keys():
+            raise ConfigurationError(
+                f"{where}: jobs already refer to {sorted(fresh & self.doc.bodies.keys())}"
+            )
+        for run in runs:
+            if run.last < run.next:
+                raise ConfigurationError(
+                    f"{where}: run {run.key}'s last job {run.last} sorts before its first "
+                    f"{run.next}"
+                )
 
     def _check_staged(
         self, queue: str, staged: list[StagedBodies], ids: list[str], max_attempts: int | None

@@ -3,16 +3,19 @@
 How a write stays atomic under what Spark really does:
 
 1. The driver makes a **write id** when it plans the write.
-2. Each task attempt stages its rows as immutable objects
-   ``staging/<write id>/<partition>-<attempt>-<token>-<n>.json`` in the format of the
-   ``bodies/`` objects (a JSON list of ``[body, base64?]``), and returns a commit message that
+2. Each task attempt stages its rows as immutable objects under
+   ``staging/<write id>/<partition>-<attempt>-<token>-<n>``: a bodies object (``.json``, the
+   format of ``bodies/`` objects: a JSON list of ``[body, base64?]``) and the jobs that refer
+   to its entries as one or two runs (``.ready.json``, ``.timed.json``: the format of the
+   state's runs, ``docs/segments.md``, jobs numbered from 0). It returns a commit message that
    lists them. Retried, speculative and failed attempts also leave objects, but Spark reports
    only the winning attempt of each partition to the driver.
-3. The driver's ``commit`` submits **one** operation that adds a job per staged row, each
-   referring to its row (``<key>#<index>``), in one compare-and-set commit: the whole
-   DataFrame is enqueued or none of it. The state counts the references; the objects are
-   deleted once their last job finished. The write id is recorded as an idempotency key, so a
-   retried commit adds nothing twice. Then it deletes what losing attempts staged.
+3. The driver's ``commit`` submits **one** operation that adds a reference per staged run to
+   the state, in one compare-and-set commit: the whole DataFrame is enqueued or none of it, and
+   its jobs never pass through the state's head. The runs take their place in the queue then.
+   The write id is recorded as an idempotency key, so a retried commit adds nothing twice.
+   Workers delete each run once taken, each bodies object once its last job finished. Then
+   the driver deletes what losing attempts staged.
 4. ``abort`` deletes everything under ``staging/<write id>/`` that the state does not refer
    to; after a commit that landed (Spark calls ``abort`` when ``commit`` raises) it therefore
    keeps what the queue needs.
@@ -22,26 +25,33 @@ cancelled, a speculative copy. Before it cleans up, the driver writes a marker
 ``staging/<write id>/_closed``; a task reads it after each object it stages and, once the write
 is closed, deletes what it staged and fails. Either the driver's listing sees an object, or the
 task that staged it sees the marker. The marker (a few bytes) stays, for late attempts.
+
+Jobs are made by the tasks, so what they are given is fixed there: their ``max_attempts`` (the
+queue's as the driver planned the write, unless the ``max_attempts`` option says) and the time
+their delays count from (when the row was staged).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from objq_broker.broker.settings import broker_settings
 from objq_broker.engine.snapshot import Snapshot
-from objq_broker.errors import ObjqError, QueueError
+from objq_broker.errors import ConfigurationError, ObjqError, QueueError
 from objq_broker.model.bodies import encode_bodies
-from objq_broker.model.checks import MAX_STAGED_ENTRIES
-from objq_broker.model.records import encode_payload
-from objq_broker.ops import StagedBodies
+from objq_broker.model.checks import MAX_SECONDS, PRIORITY_RANGE
+from objq_broker.model.records import Job, QueueConfig, encode_payload
+from objq_broker.model.runs import build_run
+from objq_broker.model.state import MAX_RUN_JOBS
+from objq_broker.ops import StagedRun
 from objq_broker.queue import Queue
 from objq_broker.spark.rows import RowPlan
 from objq_broker.storage import ObjectStore, open_store
@@ -50,7 +60,8 @@ log = logging.getLogger("objq_broker.spark")
 
 #: Folder of the objects a write stages before its commit.
 STAGING_PREFIX = "staging/"
-#: Rows per staged object: a worker that claims one job loads (and caches) its whole object.
+#: Rows per staged object (and run): a worker that claims one job loads (and caches) its
+#: whole bodies object, and the run it is in. At most MAX_RUN_JOBS.
 DEFAULT_ROWS_PER_OBJECT = 10_000
 #: Written under a write's staging folder once its driver committed or aborted it.
 CLOSED_MARKER = "_closed"
@@ -66,7 +77,12 @@ class StagedPart(WriterCommitMessage):
 
     partition: int
     attempt: int
-    objects: list[StagedBodies] = field(default_factory=list)
+    runs: list[StagedRun] = field(default_factory=list)
+
+    @property
+    def keys(self) -> set[str]:
+        """Every object this attempt staged."""
+        return {run.key for run in self.runs} | {run.bodies for run in self.runs}
 
 
 @dataclass
@@ -89,6 +105,8 @@ class ObjqWriter(DataSourceArrowWriter):
         self.settings = settings
         # Short ids and names: every job's reference to its row carries them into the state.
         self.write_id = write_id or uuid.uuid4().hex[:16]
+        #: What the tasks give each job: the option, or the queue's setting now.
+        self.max_attempts = settings.max_attempts or _queue_attempts(settings.url, settings.queue)
         #: Jobs the commit added (None when the write id had been committed before).
         self.committed: int | None = None
 
@@ -103,16 +121,27 @@ class ObjqWriter(DataSourceArrowWriter):
         settings = self.settings
         store = open_store(settings.url)
         try:
-            stager = _Stager(store, self.prefix, partition, attempt, settings.rows_per_object)
+            stem = f"{self.prefix}{partition}-{attempt}-{uuid.uuid4().hex[:6]}"
+            stager = _Stager(store, stem, self._job_plan())
             for batch in iterator:
                 for body, priority, delay in settings.plan.rows(batch):
                     stager.add(body, priority, delay)
             stager.close()
-            if not stager.objects:
+            if not stager.runs:
                 stager.check_open()
         finally:
             store.close()
-        return StagedPart(partition, attempt, stager.objects)
+        return StagedPart(partition, attempt, stager.runs)
+
+    def _job_plan(self) -> _JobPlan:
+        settings = self.settings
+        return _JobPlan(
+            queue=settings.queue,
+            priority=settings.priority,
+            delay=settings.delay_seconds,
+            max_attempts=self.max_attempts,
+            rows_per_object=settings.rows_per_object,
+        )
 
     # --- driver ----------------------------------------------------------------------------
 
@@ -120,34 +149,27 @@ class ObjqWriter(DataSourceArrowWriter):
         parts = sorted(
             (m for m in messages if isinstance(m, StagedPart)), key=lambda m: m.partition
         )
-        staged = [obj for part in parts for obj in part.objects]
+        runs = [run for part in parts for run in part.runs]
         settings = self.settings
-        if staged:
+        if runs:
             # One commit from the driver: through the namespace's broker if there is one,
             # never becoming it (it would resign a moment later).
             broker = broker_settings(None, {}, default="client")
             with Queue(settings.url, broker=broker) as queue:
-                self.committed = queue.enqueue_staged(
-                    settings.queue,
-                    staged,
-                    write_id=self.write_id,
-                    priority=settings.priority,
-                    delay=settings.delay_seconds,
-                    max_attempts=settings.max_attempts,
-                )
+                self.committed = queue.enqueue_runs(settings.queue, runs, write_id=self.write_id)
         else:
             self.committed = 0
         log.info(
-            "write %s: %s jobs enqueued to %r from %d staged objects",
+            "write %s: %s jobs enqueued to %r from %d staged runs",
             self.write_id,
             self.committed,
             settings.queue,
-            len(staged),
+            len(runs),
         )
         # What failed or speculative attempts staged is not referenced: remove it now. The
         # jobs are enqueued whatever happens here, so a failure must not fail the write.
         try:
-            self._remove_staged(keep={obj.key for obj in staged})
+            self._remove_staged(keep=set().union(*(part.keys for part in parts)))
         except ObjqError as exc:
             log.warning("write %s: staged objects left behind: %s", self.write_id, exc)
 
@@ -164,7 +186,7 @@ class ObjqWriter(DataSourceArrowWriter):
             store.put(marker, b"closed\n")  # before listing: see the module docstring
             keys = [key for key in store.list(self.prefix) if key != marker]
             if keys and keep is None:
-                keep = _referenced_bodies(store)
+                keep = _referenced(store)
             for key in keys:
                 if keep is None or key not in keep:
                     store.delete(key)
@@ -172,9 +194,23 @@ class ObjqWriter(DataSourceArrowWriter):
             store.close()
 
 
-def _referenced_bodies(store: ObjectStore) -> set[str]:
-    """Bodies objects the stored state refers to now (its reference counts)."""
-    return Snapshot.read(store).referenced_bodies
+def _referenced(store: ObjectStore) -> set[str]:
+    """The bodies objects and runs the stored state refers to now."""
+    snapshot = Snapshot.read(store)
+    return snapshot.referenced_bodies | snapshot.referenced_runs
+
+
+def _queue_attempts(url: str, queue: str) -> int:
+    """The ``max_attempts`` of ``queue`` as stored now (the default for a queue not declared,
+    which the write's commit declares)."""
+    store = open_store(url)
+    try:
+        snapshot = Snapshot.read(store)
+        if queue in snapshot.queue_names():
+            return snapshot.config(queue).max_attempts
+        return QueueConfig().max_attempts
+    finally:
+        store.close()
 
 
 def _task_identity() -> tuple[int, int]:
@@ -187,31 +223,47 @@ def _task_identity() -> tuple[int, int]:
     return context.partitionId(), context.attemptNumber()
 
 
-class _Stager:
-    """Collects encoded rows and writes them out, ``rows_per_object`` at a time."""
+@dataclass(frozen=True)
+class _JobPlan:
+    """What a task gives the jobs it stages."""
 
-    def __init__(
-        self, store: ObjectStore, prefix: str, partition: int, attempt: int, rows_per_object: int
-    ) -> None:
+    queue: str
+    priority: int
+    delay: float
+    max_attempts: int
+    rows_per_object: int
+
+
+class _Stager:
+    """Collects encoded rows and writes them out, ``rows_per_object`` at a time: a bodies
+    object and the run (or runs: ready and delayed) of the jobs that refer to it."""
+
+    def __init__(self, store: ObjectStore, stem: str, plan: _JobPlan) -> None:
         self.store = store
-        self.marker = f"{prefix}{CLOSED_MARKER}"
-        # A token per attempt: a re-run stage can repeat an attempt number.
-        self.stem = f"{prefix}{partition}-{attempt}-{uuid.uuid4().hex[:6]}"
-        self.rows_per_object = rows_per_object
-        self.objects: list[StagedBodies] = []
+        self.marker = f"{stem.rsplit('/', 1)[0]}/{CLOSED_MARKER}"  # beside the objects
+        # A token per attempt in the stem: a re-run stage can repeat an attempt number.
+        self.stem = stem
+        self.plan = plan
+        self.runs: list[StagedRun] = []
+        self._objects = 0
         self._entries: list[tuple[str, bool]] = []
-        self._priorities: list[int] = []
-        self._delays: list[float] = []
-        self._varied_priority = False
-        self._varied_delay = False
+        self._rows: list[tuple[int, float]] = []  # (priority, delay) of each entry
 
     def add(self, body: bytes, priority: int | None, delay: float | None) -> None:
+        priority = self.plan.priority if priority is None else priority
+        delay = self.plan.delay if delay is None else delay
+        if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+            raise ConfigurationError(
+                f"objq writer: expected a row priority in {PRIORITY_RANGE}, found {priority}"
+            )
+        if not -MAX_SECONDS <= delay <= MAX_SECONDS:
+            raise ConfigurationError(
+                f"objq writer: expected a row delay of at most {MAX_SECONDS:.0f} seconds "
+                f"either way, found {delay}"
+            )
         self._entries.append(encode_payload(body))
-        self._priorities.append(priority or 0)
-        self._delays.append(delay or 0.0)
-        self._varied_priority |= priority is not None
-        self._varied_delay |= delay is not None
-        if len(self._entries) >= self.rows_per_object:
+        self._rows.append((priority, delay))
+        if len(self._entries) >= self.plan.rows_per_object:
             self._flush()
 
     def close(self) -> None:
@@ -219,29 +271,59 @@ class _Stager:
             self._flush()
 
     def _flush(self) -> None:
-        key = f"{self.stem}-{len(self.objects)}.json"
-        self.store.put(key, encode_bodies(self._entries))
-        self.objects.append(
-            StagedBodies(
-                key,
-                len(self._entries),
-                tuple(self._priorities) if self._varied_priority else None,
-                tuple(self._delays) if self._varied_delay else None,
-            )
-        )
-        self._entries, self._priorities, self._delays = [], [], []
-        self._varied_priority = self._varied_delay = False
+        name = f"{self.stem}-{self._objects}"
+        self._objects += 1
+        self.store.put(f"{name}.json", encode_bodies(self._entries))
+        for run, data in self._runs_of(name):
+            self.store.put(run.key, data)
+            self.runs.append(run)
+        self._entries, self._rows = [], []
         self.check_open()
+
+    def _runs_of(self, name: str) -> list[tuple[StagedRun, bytes]]:
+        """The jobs of the rows staged in the bodies object ``<name>.json``, as a ready run
+        and a timed run (the delayed rows), each numbered from 0 in row order (the commit
+        gives them their place)."""
+        bodies = f"{name}.json"
+        now = time.time()
+        ids = uuid.uuid4().hex[:20]
+        plan = self.plan
+        kinds: dict[Literal["ready", "timed"], list[Job]] = {"ready": [], "timed": []}
+        for index, (priority, delay) in enumerate(self._rows):
+            jobs = kinds["timed" if delay > 0 else "ready"]
+            jobs.append(
+                Job(
+                    id=f"{ids}{index:012x}",
+                    queue=plan.queue,
+                    body="",
+                    seq=len(jobs),
+                    priority=priority,
+                    enqueued_at=now,
+                    visible_at=now + max(delay, 0.0),
+                    max_attempts=plan.max_attempts,
+                    ref=f"{bodies}#{index}",
+                )
+            )
+        made: list[tuple[StagedRun, bytes]] = []
+        for kind, jobs in kinds.items():
+            if jobs:
+                ref, data = build_run(f"{name}.{kind}.json", plan.queue, kind, jobs)
+                last = ref.last or ref.next
+                made.append(
+                    (StagedRun(ref.key, bodies, kind, ref.count, ref.next, last, ref.oldest), data)
+                )
+        return made
 
     def check_open(self) -> None:
         """Fail, removing what this attempt staged, once the driver closed the write."""
         if self.store.read(self.marker) is None:
             return
-        for staged in self.objects:
-            self.store.delete(staged.key)
+        staged = {run.key for run in self.runs} | {run.bodies for run in self.runs}
+        for key in sorted(staged):
+            self.store.delete(key)
         raise QueueError(
             f"{self.store.url}/{self.marker}: the write was already committed or aborted; "
-            f"this task attempt's {len(self.objects)} staged objects were removed"
+            f"this task attempt's {len(staged)} staged objects were removed"
         )
 
 
@@ -262,5 +344,5 @@ def settings_from_options(options: Any, columns: list[str]) -> WriteSettings:
         priority=option_int(options, "priority", 0, where) or 0,
         delay_seconds=option_float(options, "delay_seconds", 0.0, where),
         max_attempts=max_attempts,
-        rows_per_object=min(max(rows_per_object or DEFAULT_ROWS_PER_OBJECT, 1), MAX_STAGED_ENTRIES),
+        rows_per_object=min(max(rows_per_object or DEFAULT_ROWS_PER_OBJECT, 1), MAX_RUN_JOBS),
     )

@@ -51,10 +51,14 @@ def _staged(url: str) -> list[str]:
 
 
 def _referenced(url: str) -> set[str]:
+    """The bodies objects and runs the stored state refers to."""
     store = open_store(url)
     try:
         blob = store.read(STATE_KEY)
-        return set() if blob is None else set(decode_state(blob.data, "test").bodies)
+        if blob is None:
+            return set()
+        doc = decode_state(blob.data, "test")
+        return set(doc.bodies) | doc.run_keys()
     finally:
         store.close()
 
@@ -184,14 +188,15 @@ def test_abort_after_a_landed_commit_keeps_what_the_queue_refers_to(tmp_path: Pa
     message = writer.write(iter([batch]))
     writer.commit([message])
     writer.abort([message])
-    assert len(_staged(url)) == 2
+    # Two bodies objects of two rows and one, and the run of each one's jobs
+    assert len(_staged(url)) == 4 and set(_staged(url)) == _referenced(url)
     # A retried commit of the same write adds nothing
     writer.commit([message])
     assert writer.committed is None
     # A late attempt (a speculative copy still running) finds the write closed and cleans up
     with pytest.raises(QueueError, match="already committed or aborted"):
         writer.write(iter([batch]))
-    assert len(_staged(url)) == 2
+    assert set(_staged(url)) == _referenced(url)
     with Queue(url) as queue:
         deliveries = queue.claim("q", 10)
         assert sorted(d.payload for d in deliveries) == [b"a", b"b", b"c"]
@@ -340,3 +345,44 @@ def test_a_run_consumed_after_planning_yields_no_rows_and_the_rest_are_read(
             assert count == (0 if key in gone else ref.remaining)
     finally:
         engine.close()
+
+
+def test_a_written_dataframe_is_runs_its_jobs_never_in_the_head(spark: Any, tmp_path: Path) -> None:
+    url = (tmp_path / "store").as_uri()
+    with Queue(url) as queue:
+        queue.enqueue("q", b"before")
+    df = spark.range(0, 30, numPartitions=3).select(
+        F.concat(F.lit("row-"), F.col("id").cast("string")).alias("payload"),
+        (F.col("id") % 2).cast("int").alias("rank"),
+        F.when(F.col("id") % 10 == 9, F.lit(3600.0)).otherwise(F.lit(0.0)).alias("wait"),
+    )
+    _writer(spark, df, url, priority_column="rank", delay_column="wait").save()
+    store = open_store(url)
+    blob = store.read(STATE_KEY)
+    assert blob is not None
+    doc = decode_state(blob.data, "test")
+    # One ready and one timed run per partition (10 rows each, one of them delayed)
+    assert [job.body for job in doc.jobs] == ["before"]
+    assert sorted(ref.kind for ref in doc.runs["q"]) == ["ready"] * 3 + ["timed"] * 3
+    with Queue(url) as queue:
+        assert queue.stats("q").ready == 28 and queue.stats("q").delayed == 3
+        claimed = [d.payload for d in queue.claim("q", 40)]
+    # By priority, then in partition and row order, after what was enqueued before
+    ready = [n for n in range(30) if n % 10 != 9]
+    expected = [b"before"] + [f"row-{n}".encode() for n in sorted(ready, key=lambda n: n % 2)]
+    assert claimed == expected
+
+
+def test_a_row_priority_out_of_range_fails_the_write_and_enqueues_nothing(
+    spark: Any, tmp_path: Path
+) -> None:
+    url = (tmp_path / "store").as_uri()
+    df = spark.range(0, 4, numPartitions=1).select(
+        F.col("id").cast("string").alias("payload"),
+        F.when(F.col("id") == 3, F.lit(2**40)).otherwise(F.lit(0)).alias("rank"),
+    )
+    with pytest.raises(Exception, match="expected a row priority in"):
+        _writer(spark, df, url, priority_column="rank").save()
+    assert _staged(url) == []
+    with Queue(url) as queue:
+        assert queue.queues() == []

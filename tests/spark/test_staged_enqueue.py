@@ -1,20 +1,25 @@
-"""Enqueueing staged bodies objects in one commit (the core of the Spark writer), and the
-Dramatiq/Celery messages it builds. No Spark needed."""
+"""Enqueueing staged bodies objects and staged runs in one commit (the core of the Spark
+writer), and the Dramatiq/Celery messages it builds. No Spark needed."""
 
 from __future__ import annotations
 
 import base64
 import json
 from pathlib import Path
+from typing import Literal
 
 import dramatiq
+import msgspec
 import pytest
 from kombu.utils.json import loads as kombu_loads
 
 from objq_broker import ConfigurationError, Queue
+from objq_broker.engine import STATE_KEY
 from objq_broker.model.bodies import encode_bodies
 from objq_broker.model.messages import celery_message, describe, dramatiq_message
-from objq_broker.model.state import QueueState, StagedBodies
+from objq_broker.model.records import Job, decode_state
+from objq_broker.model.runs import build_run
+from objq_broker.model.state import MAX_RUN_JOBS, QueueState, StagedBodies, StagedRun
 from objq_broker.storage import MemoryStore
 
 
@@ -142,3 +147,95 @@ def test_celery_message_is_consumed_through_the_objq_kombu_transport(tmp_path: P
             message.ack()
         finally:
             simple.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _stage_runs(
+    store: MemoryStore, name: str, rows: list[tuple[str, int, float]]
+) -> list[StagedRun]:
+    """Stage ``rows`` (body, priority, delay) as a Spark task does: a bodies object and the
+    runs of the jobs that refer to it, numbered from 0."""
+    bodies = f"{name}.json"
+    store.put(bodies, encode_bodies([(body, False) for body, _, _ in rows]))
+    kinds: dict[Literal["ready", "timed"], list[Job]] = {"ready": [], "timed": []}
+    for index, (body, priority, delay) in enumerate(rows):
+        jobs = kinds["timed" if delay else "ready"]
+        jobs.append(
+            Job(
+                id=f"{name}-{body}",
+                queue="q",
+                body="",
+                seq=len(jobs),
+                priority=priority,
+                enqueued_at=1_000_000.0,
+                visible_at=1_000_000.0 + delay,
+                max_attempts=3,
+                ref=f"{bodies}#{index}",
+            )
+        )
+    staged = []
+    for kind, jobs in kinds.items():
+        if jobs:
+            ref, data = build_run(f"{name}.{kind}.json", "q", kind, jobs)
+            store.put(ref.key, data)
+            last = ref.last or ref.next
+            staged.append(StagedRun(ref.key, bodies, kind, ref.count, ref.next, last, ref.oldest))
+    return staged
+
+
+def test_staged_runs_take_their_place_in_the_queue_without_entering_the_head() -> None:
+    store = MemoryStore("staged-runs")
+    clock = Clock()
+    with Queue(store=store, clock=clock) as queue:
+        queue.enqueue("q", b"before")
+        runs = _stage_runs(store, "staging/w/0", [("x", 1, 0.0), ("y", 0, 0.0), ("z", 0, 60.0)])
+        runs += _stage_runs(store, "staging/w/1", [("w", 0, 0.0)])
+        assert queue.enqueue_runs("q", runs, write_id="w") == 4
+        queue.enqueue("q", b"after")
+        # One reference per run in the head; none of the write's jobs
+        blob = store.read(STATE_KEY)
+        assert blob is not None
+        doc = decode_state(blob.data, "test")
+        assert [ref.key for ref in doc.runs["q"]] == [run.key for run in runs]
+        assert sorted(job.payload for job in doc.jobs) == [b"after", b"before"]
+        assert queue.stats("q").ready == 5 and queue.stats("q").delayed == 1
+        # Claimed by priority, then in the order they were enqueued: the write's rows after
+        # what came before it, in row order, and before what came after
+        claimed = queue.claim("q", 10)
+        assert [d.payload for d in claimed] == [b"before", b"y", b"w", b"after", b"x"]
+        for delivery in claimed:
+            queue.ack(delivery)
+        clock.now += 61
+        (late,) = queue.claim("q", 10)
+        assert late.payload == b"z"
+        queue.ack(late)
+        queue.flush()
+        assert store.list("staging/") == [], "runs and bodies objects outlived their jobs"
+
+
+def test_refused_staged_runs_change_nothing_and_a_repeated_write_adds_nothing() -> None:
+    store = MemoryStore("staged-runs-refused")
+    with Queue(store=store) as queue:
+        runs = _stage_runs(store, "staging/v/0", [("a", 0, 0.0), ("b", 0, 0.0)])
+        assert queue.enqueue_runs("q", runs, write_id="v") == 2
+        assert queue.enqueue_runs("q", runs, write_id="v") is None  # a retried commit
+        with pytest.raises(ConfigurationError, match="runs not referred to yet"):
+            queue.enqueue_runs("q", runs, write_id="v2")
+        other = _stage_runs(store, "staging/v/1", [("c", 0, 0.0)])
+        again = [msgspec.structs.replace(other[0], bodies=runs[0].bodies)]
+        with pytest.raises(ConfigurationError, match="already refer"):
+            queue.enqueue_runs("q", again, write_id="v3")
+        backwards = [msgspec.structs.replace(other[0], next=(0, 5), last=(0, 1))]
+        with pytest.raises(ConfigurationError, match="sorts before"):
+            queue.enqueue_runs("q", backwards, write_id="v4")
+        too_many = msgspec.structs.asdict(other[0]) | {"count": MAX_RUN_JOBS + 1}
+        with pytest.raises(ConfigurationError, match="count"):
+            queue.enqueue_runs("q", [StagedRun(**too_many)], write_id="v5")
+        assert queue.stats("q").ready == 2
