@@ -65,8 +65,8 @@ from objq_broker.model.records import (
     decode_state,
     encode_archive,
 )
-from objq_broker.model.runs import RUNS_PREFIX, orphan_runs, run_key
-from objq_broker.model.state import MAX_RUN_JOBS, Finished, QueueState
+from objq_broker.model.runs import MAX_RUN_JOBS, RUNS_PREFIX, orphan_runs, run_key
+from objq_broker.model.state import Finished, QueueState
 from objq_broker.storage.base import ObjectStore
 
 T = TypeVar("T")

@@ -27,6 +27,8 @@ D = TypeVar("D")
 
 #: The run object format this code reads and writes.
 RUN_FORMAT = 1
+#: Most jobs one run holds: a claimer reads (and caches) a run whole.
+MAX_RUN_JOBS = 10_000
 
 
 class RunDoc(msgspec.Struct, kw_only=True):

@@ -55,6 +55,7 @@ from objq_broker.model.records import (
     encode_state,
 )
 from objq_broker.model.runs import (
+    MAX_RUN_JOBS,
     RunMerge,
     build_key_run,
     build_run,
@@ -66,8 +67,6 @@ from objq_broker.model.runs import (
 )
 
 _ReadyEntry = tuple[int, int, str]  # (priority, seq, job id)
-#: Most jobs one run holds: a claimer reads (and caches) a run whole.
-MAX_RUN_JOBS = 10_000
 _TimedEntry = tuple[float, int, str]  # (visible_at, seq, job id)
 _job_encoder = msgspec.json.Encoder()
 

@@ -49,8 +49,7 @@ from objq_broker.errors import ConfigurationError, ObjqError, QueueError
 from objq_broker.model.bodies import encode_bodies
 from objq_broker.model.checks import MAX_SECONDS, PRIORITY_RANGE
 from objq_broker.model.records import Job, QueueConfig, encode_payload
-from objq_broker.model.runs import build_run
-from objq_broker.model.state import MAX_RUN_JOBS
+from objq_broker.model.runs import MAX_RUN_JOBS, build_run
 from objq_broker.ops import StagedRun
 from objq_broker.queue import Queue
 from objq_broker.spark.rows import RowPlan

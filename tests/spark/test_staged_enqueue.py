@@ -18,8 +18,8 @@ from objq_broker.engine import STATE_KEY
 from objq_broker.model.bodies import encode_bodies
 from objq_broker.model.messages import celery_message, describe, dramatiq_message
 from objq_broker.model.records import Job, decode_state
-from objq_broker.model.runs import build_run
-from objq_broker.model.state import MAX_RUN_JOBS, QueueState, StagedBodies, StagedRun
+from objq_broker.model.runs import MAX_RUN_JOBS, build_run
+from objq_broker.model.state import QueueState, StagedBodies, StagedRun
 from objq_broker.storage import MemoryStore
 
 
