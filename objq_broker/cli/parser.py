@@ -130,6 +130,13 @@ def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         sub.add_argument("ids", nargs="*", metavar="ID")
         sub.add_argument("--all", action="store_true")
 
+    from objq_broker.cli import results
+
+    kept = _group(commands, common, "results", "task results kept beside the queue")
+    sub = _add(kept, common, "purge", results.cmd_results_purge, "delete expired results")
+    sub.add_argument("--older-than", metavar="AGE", help="also those stored before (7d, 12h)")
+    sub.add_argument("--prefix", default="results/", help="where they are (results/)")
+
     sub = _add(commands, common, "purge", operate.cmd_purge, "delete ready and delayed jobs")
     sub.add_argument("queue")
     _add(commands, common, "requeue-stale", operate.cmd_requeue_stale, "expire stale leases now")

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 from objq_broker import Queue
+from objq_broker.results.store import ResultStore
+from objq_broker.storage import open_store
 from tests.cli.objq_cli import Objq, environment, objq_command
 from tests.support.processes import Children, reap
 
@@ -215,3 +217,23 @@ def test_status_watch_refreshes_until_interrupted(file_url: str, children: Child
     assert reap(process) == 0
     assert json.loads(first)["queues"][0]["queue"] == "w"
     assert json.loads(second)["read_at"] > json.loads(first)["read_at"]
+
+
+def test_results_purge_deletes_expired_results_then_old_ones_when_told(
+    objq: Objq, cli_url: str
+) -> None:
+    results = ResultStore(open_store(cli_url))
+    results.set("gone", b"1", ttl=0.01)
+    results.set("kept", b"2", ttl=None)
+    time.sleep(0.05)
+    # A Celery result backend's URL (objq+...) names the same store
+    done = objq("results", "purge", "--json", url=f"objq+{cli_url}")
+    assert done.code == 0, done.stderr
+    assert json.loads(done.stdout) == {"deleted": 1, "prefix": "results/"}
+    assert results.names() == ["kept"]
+    # Deleting results that have not expired asks first
+    refused = objq("results", "purge", "--older-than", "0s", url=cli_url, tty_answer="n")
+    assert refused.code != 0 and results.names() == ["kept"]
+    done = objq("results", "purge", "--older-than", "0s", "-y", url=cli_url)
+    assert done.code == 0 and "1 results deleted" in done.stdout
+    assert results.names() == []
