@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +65,11 @@ def _hour_axis(axis: Any, hourly: Any) -> None:
     """UTC hours on the x axis, an hour of margin either side (one hour alone would otherwise
     be drawn on an axis of years)."""
     import matplotlib.dates as mdates
-    import pandas as pd
 
     axis.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d %H:%M"))  # type: ignore[no-untyped-call]
     if len(hourly):
-        margin = pd.Timedelta(hours=1)
+        # A plain timedelta: pandas 2.3's Timedelta(hours=...) warns under numpy 2.5.
+        margin = timedelta(hours=1)
         axis.set_xlim(hourly["hour"].min() - margin, hourly["hour"].max() + margin)
 
 
