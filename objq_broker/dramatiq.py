@@ -43,7 +43,11 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
 from objq_broker.consume import ClaimWindow, LeaseKeeper, positive_seconds, seconds_from_env
 from objq_broker.errors import ConfigurationError, QueueClosed, StorageError
 from objq_broker.queue import Delivery, Queue
+from objq_broker.results.dramatiq import ObjqRateLimiterBackend, ObjqResultBackend
 from objq_broker.storage import ObjectStore
+
+# The result and rate-limiter backends are importable from here, with the broker.
+__all__ = ["ObjqBroker", "ObjqRateLimiterBackend", "ObjqResultBackend"]
 
 #: A message is redelivered this long after its worker stopped heartbeating it.
 DEFAULT_LEASE_SECONDS = 30.0

@@ -34,8 +34,9 @@ HERE = Path(__file__).resolve().parent
 CACHE_DIR = ROOT / ".upstream" / "dramatiq"
 #: The backends the suite runs on, one subprocess each.
 BACKENDS = ("memory", "file")
-#: Dramatiq's broker-generic test modules (the rest need Redis, RabbitMQ, memcached, the CLI,
-#: rate limiters on a real backend, or StubBroker itself).
+#: Dramatiq's broker-generic test modules, and those of result and rate-limiter backends (run
+#: on objq's); the rest need Redis, RabbitMQ, the CLI, or test StubBroker or Dramatiq's own
+#: helpers.
 GENERIC_MODULES = (
     "test_actors.py",
     "test_broker.py",
@@ -46,6 +47,10 @@ GENERIC_MODULES = (
     "test_messages.py",
     "test_worker.py",
     "test_results.py",
+    "test_barrier.py",
+    "test_bucket_rate_limiter.py",
+    "test_concurrent_rate_limiter.py",
+    "test_window_rate_limiter.py",
 )
 #: Middleware tests live in ``tests/middleware/`` in Dramatiq's git tags; run them if present.
 MIDDLEWARE_DIR = "middleware"

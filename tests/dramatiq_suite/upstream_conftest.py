@@ -1,11 +1,14 @@
-"""``tests/conftest.py`` for Dramatiq's own test suite, with ``stub_broker`` an ObjqBroker.
+"""``tests/conftest.py`` for Dramatiq's own test suite, with ``stub_broker`` an ObjqBroker and
+``result_backend`` / ``rate_limiter_backend`` objq's result and rate-limiter backends.
 
 Copied into the unpacked suite by ``dramatiq_upstream.py``; edit it here. The fixtures must live
 in the suite's own conftest: a plugin's fixture loses to a closer one.
 
 ``--objq-backend memory|file`` (repeatable; default both) picks the storage; every test that
-uses ``stub_broker`` runs once per backend, on a fresh store. ``DESELECT`` lists the tests
-that cannot run on any broker but StubBroker (or need a server), each with its reason.
+uses ``stub_broker``, ``result_backend`` or ``rate_limiter_backend`` runs once per backend, on
+a fresh store (the broker and the backends share it, as an application would). ``DESELECT``
+lists the tests that cannot run on any broker but StubBroker (or need a server), each with its
+reason.
 With ``$OBJQ_SUITE_REPORT`` set, a JSON summary of the run is written there.
 """
 
@@ -22,10 +25,8 @@ from typing import Any
 import dramatiq
 import pytest
 from dramatiq import Worker
-from dramatiq.rate_limits.backends import StubBackend as StubRateLimiterBackend
-from dramatiq.results.backends import StubBackend as StubResultBackend
 
-from objq_broker.dramatiq import ObjqBroker
+from objq_broker.dramatiq import ObjqBroker, ObjqRateLimiterBackend, ObjqResultBackend
 
 BACKENDS = ("memory", "file")
 #: Long enough that no test's message is redelivered while its worker lives (the heartbeat
@@ -52,9 +53,6 @@ DESELECT: dict[str, str] = {
     "test_worker.py::test_exception_from_actor_doesnt_leak": (
         "patches StubBroker's _StubMessageProxy; objq's no-retention check is in "
         "tests/integrations/test_dramatiq_broker.py"
-    ),
-    "test_results.py::test_messages_without_actor_not_crashing_lookup_options": (
-        "needs a Redis server (redis_result_backend fixture)"
     ),
 }
 
@@ -155,13 +153,21 @@ def stub_worker(stub_broker: ObjqBroker) -> Iterator[Worker]:
 
 
 @pytest.fixture
-def result_backend() -> StubResultBackend:
-    return StubResultBackend()
+def result_backend(objq_url: str) -> ObjqResultBackend:
+    return ObjqResultBackend(url=objq_url)
 
 
 @pytest.fixture
-def rate_limiter_backend() -> StubRateLimiterBackend:
-    return StubRateLimiterBackend()
+def redis_result_backend(objq_url: str) -> ObjqResultBackend:
+    """Dramatiq's suite names this fixture after Redis; its one test
+    (``test_messages_without_actor_not_crashing_lookup_options``) needs any result backend
+    that is not the stub, so objq's stands in."""
+    return ObjqResultBackend(url=objq_url)
+
+
+@pytest.fixture
+def rate_limiter_backend(objq_url: str) -> ObjqRateLimiterBackend:
+    return ObjqRateLimiterBackend(url=objq_url)
 
 
 # --- the JSON report --------------------------------------------------------------------------
