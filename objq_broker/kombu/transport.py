@@ -113,6 +113,14 @@ _shared_queues = _SharedQueues()
 
 TRANSPORT_ALIASES.setdefault("objq", "objq_broker.kombu:Transport")
 
+try:
+    from celery.app.backends import BACKEND_ALIASES
+except ModuleNotFoundError:  # kombu without Celery: there is no result backend to name
+    pass
+else:
+    # Only the name: the backend module (and its Celery imports) loads when an app uses it.
+    BACKEND_ALIASES.setdefault("objq", "objq_broker.results.celery:ObjqBackend")
+
 
 class Transport(virtual.Transport):
     """kombu transport for objq; one :class:`~objq_broker.queue.Queue` per connection,

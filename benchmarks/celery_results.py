@@ -1,0 +1,217 @@
+"""Celery results: objq's result backend against Celery's Redis backend (the anchor).
+
+All rows run in one run, on one machine, with a local redis-server this script starts
+(``--save '' --appendonly no``: no persistence):
+
+* ``objq broker + objq results``: ``broker_url`` and ``result_backend`` both ``objq+file://``
+  (two folders of one temporary directory): nothing to run but the worker.
+* ``objq broker + Redis results``: the same broker, results in Redis: the backends alone differ.
+* ``Redis broker + Redis results``: the usual Celery deployment, for the whole round trip.
+
+For each row a real ``celery worker`` process (prefork, concurrency 1) serves the app, and:
+
+1. **round trip**: ``add.delay(n, 1).get()`` one after the other, from this process; median and
+   99th percentile of the time from ``delay`` to the value in hand.
+2. **stored per second**: ``backend.store_result(...)`` of small results from this process, one
+   thread and eight threads (what workers do after each task), against the row's backend.
+
+Without ``redis-server`` on PATH the Redis rows are skipped with one line, and the objq row runs.
+
+    python benchmarks/celery_results.py                 # 300 round trips, 2,000 stores
+    python benchmarks/celery_results.py --round-trips 50 --stores 200   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+from celery import Celery
+from provenance import objq_revision
+
+import objq_broker.kombu  # noqa: F401  (registers the objq+... broker and backend URLs)
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(1, str(ROOT))
+from tests.support.servers import RedisServer, start_redis  # noqa: E402
+
+QUEUE = "bench-results"
+ADD = "bench.add"
+#: Longest a round trip may take before the row gives up.
+GET_TIMEOUT_SECONDS = 60.0
+WORKER_START_SECONDS = 120.0
+
+
+def add(x: int, y: int) -> int:
+    return x + y
+
+
+def make_app(broker_url: str, backend_url: str) -> Celery:
+    made = Celery("celery_results", broker=broker_url, backend=backend_url)
+    made.conf.update(
+        task_default_queue=QUEUE,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+    )
+    made.task(name=ADD)(add)
+    return made
+
+
+# The worker subprocess loads this module (celery -A celery_results) with the row's URLs.
+app = make_app(
+    os.environ.get("BENCH_BROKER_URL", "memory://"), os.environ.get("BENCH_BACKEND_URL", "")
+)
+
+
+@dataclass
+class Row:
+    label: str
+    broker_url: str
+    backend_url: str
+    round_trips: list[float]
+    stores_1: float  # results stored per second, one thread
+    stores_8: float  # ... eight threads
+
+    def median(self) -> float:
+        return statistics.median(self.round_trips)
+
+    def p99(self) -> float:
+        ordered = sorted(self.round_trips)
+        return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def start_worker(broker_url: str, backend_url: str, logs: Path) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "BENCH_BROKER_URL": broker_url,
+        "BENCH_BACKEND_URL": backend_url,
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
+    }
+    command = [
+        sys.executable, "-m", "celery", "-A", "celery_results", "worker", "--pool", "prefork",
+        "--concurrency", "1", "--queues", QUEUE, "--loglevel", "WARNING", "--without-gossip",
+        "--without-mingle", "--without-heartbeat",
+    ]  # fmt: skip
+    with logs.open("ab") as out:
+        return subprocess.Popen(command, env=env, cwd=HERE, stdout=out, stderr=out)
+
+
+def stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    worker.terminate()
+    try:
+        worker.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
+
+
+def stores_per_second(made: Celery, count: int, threads: int) -> float:
+    backend = made.backend
+
+    def store(n: int) -> None:
+        backend.store_result(uuid.uuid4().hex, {"n": n}, "SUCCESS")
+
+    started = time.perf_counter()
+    if threads == 1:
+        for n in range(count):
+            store(n)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(store, range(count)))
+    return count / (time.perf_counter() - started)
+
+
+def measure(label: str, broker_url: str, backend_url: str, args: argparse.Namespace) -> Row:
+    made = make_app(broker_url, backend_url)
+    logs = Path(tempfile.mkdtemp(prefix="objq-bench-results-")) / "worker.log"
+    worker = start_worker(broker_url, backend_url, logs)
+    try:
+        # The first task waits for the worker to start; it is not counted.
+        made.send_task(ADD, (0, 0)).get(timeout=WORKER_START_SECONDS)
+        round_trips = []
+        for n in range(args.round_trips):
+            started = time.perf_counter()
+            value = made.send_task(ADD, (n, 1)).get(timeout=GET_TIMEOUT_SECONDS)
+            round_trips.append(time.perf_counter() - started)
+            if value != n + 1:
+                raise SystemExit(f"{label}: add({n}, 1) came back as {value!r}")
+    finally:
+        stop_worker(worker)
+    print(f"  {label}: round trips done; storing results", flush=True)
+    return Row(
+        label,
+        broker_url,
+        backend_url,
+        round_trips,
+        stores_per_second(made, args.stores, 1),
+        stores_per_second(made, args.stores, 8),
+    )
+
+
+def print_table(rows: list[Row], anchor: Row | None, revision: str | None) -> None:
+    print()
+    print(f"objq {revision or '(not a checkout)'}; celery {version('celery')}, "
+          f"kombu {version('kombu')}; Python {platform.python_version()}; "
+          f"{os.cpu_count()} CPUs")  # fmt: skip
+    print()
+    print("| broker + results | round trip median | p99 | stored/s, 1 thread | 8 threads |")
+    print("|---|---:|---:|---:|---:|")
+    for row in rows:
+        print(
+            f"| {row.label} | {row.median() * 1000:.1f} ms | {row.p99() * 1000:.1f} ms | "
+            f"{row.stores_1:,.0f} | {row.stores_8:,.0f} |"
+        )
+    if anchor is not None and rows[0] is not anchor:
+        ours = rows[0]
+        print()
+        print(
+            f"round trip median, objq / {anchor.label}: "
+            f"{ours.median() / anchor.median():.2f}x (target: at most 2x)"
+        )
+        for row in rows[1:]:
+            if row is not anchor:
+                print(f"round trip median, objq / {row.label}: {ours.median() / row.median():.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--round-trips", type=int, default=300)
+    parser.add_argument("--stores", type=int, default=2000)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="objq-bench-results-"))
+    broker = f"objq+{(scratch / 'queue').as_uri()}"
+    rows = [measure("objq + objq", broker, f"objq+{(scratch / 'results').as_uri()}", args)]
+    anchor = None
+    redis: RedisServer | None = None
+    if shutil.which("redis-server") is None:
+        print("redis-server not on PATH: the Redis rows are skipped")
+    else:
+        redis = start_redis(("--save", "", "--appendonly", "no"))
+    try:
+        if redis is not None:
+            rows.append(measure("objq + Redis", broker, redis.url, args))
+            redis.flush()
+            anchor = measure("Redis + Redis", redis.url, redis.url, args)
+            rows.append(anchor)
+    finally:
+        if redis is not None:
+            redis.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    print_table(rows, anchor, objq_revision(ROOT))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,610 @@
+"""Celery's result backend on objq's storage: ``result_backend = "objq+<storage URL>"``.
+
+>>> import objq_broker.kombu  # registers the "objq" result backend alias with Celery
+>>> from celery import Celery
+>>> app = Celery(broker="objq+memory://doc", backend="objq+memory://doc")
+>>> app.backend.store_result("task-1", 42, "SUCCESS")
+42
+>>> app.AsyncResult("task-1").get(timeout=1)
+42
+
+Each result is one object (``results/celery-task-meta-<task id>`` under the store's root), so
+the backend may share the broker's store: results never enter the queue's ``state.json``. It is
+Celery's key-value backend over :class:`~objq_broker.results.store.ResultStore`:
+
+* **Storing** is a compare-and-set write that never replaces a stored ``SUCCESS``: a task run
+  again after its worker was lost cannot overwrite the result of the run that finished.
+* **Waiting** (``AsyncResult.get``, ``GroupResult.get``) is one :meth:`ResultStore.wait` on
+  every result still pending: a result stored by this process wakes the waiter at once, others
+  are read again at intervals growing from a few milliseconds to ``interval``.
+* **Chords** count their header in one counter object, changed by compare-and-set, that holds
+  each part's result keyed by task id and place in the header, so a header task that runs
+  twice (redelivered after its worker died before acking) counts once. The report that
+  completes the header claims the callback for a while (:data:`CHORD_CLAIM_SECONDS`), sends
+  it, and marks the chord done; a report arriving meanwhile waits for that, and takes the
+  claim over only if it lapses (the claimant died before sending). The callback runs once,
+  unless its claimant dies between sending it and the write that marks the chord done (or
+  stalls longer than its claim) and a copy of a header task arrives then.
+* **Expiry**: ``result_expires`` is each record's lifetime (``result_failure_expires`` that of
+  failures, ``result_chord_expires`` that of chord counters); an expired record reads as
+  absent, and :meth:`ObjqBackend.cleanup` (Celery's daily ``backend_cleanup`` task) deletes it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from celery import states
+from celery.backends.base import KeyValueStoreBackend
+from celery.canvas import maybe_signature
+from celery.exceptions import ChordError, ImproperlyConfigured
+from celery.result import GroupResult, allow_join_result
+from celery.utils.log import get_logger
+from kombu.utils.encoding import bytes_to_str, ensure_bytes
+
+from objq_broker.errors import ConfigurationError, InvalidKey, StorageUnavailable
+from objq_broker.results.store import DEFAULT_PREFIX, ResultStore
+from objq_broker.storage import open_store
+from objq_broker.storage.base import redacted
+
+__all__ = ["BackendConfigurationError", "BackendSettings", "ObjqBackend", "backend_settings"]
+
+logger = get_logger(__name__)
+
+#: ``result_backend_transport_options`` this backend reads (``global_keyprefix`` is Celery's).
+ACCEPTED_OPTIONS = frozenset({"url", "prefix", "store_options", "global_keyprefix"})
+#: ``result_backend`` values that name no storage (it then comes from the ``url`` option).
+_BARE = ("objq://", "objq:///", "objq:")
+#: Least time a chord's completing report holds the callback before another report may take
+#: it over (twice ``result_chord_join_timeout`` when that is longer): the claimant only joins
+#: the header, sends the callback and marks the chord done in it.
+CHORD_CLAIM_SECONDS = 10.0
+_FORM = (
+    "result_backend = 'objq+<storage URL>' (objq+file:///path, objq+s3://bucket/prefix, "
+    "objq+gs://bucket/prefix, objq+memory://name), or the storage URL in "
+    "result_backend_transport_options={'url': ...}"
+)
+
+
+class BackendConfigurationError(ConfigurationError, ImproperlyConfigured):  # type: ignore[misc]
+    """A result backend setting is invalid: both objq's :class:`ConfigurationError` and
+    Celery's ``ImproperlyConfigured``, so either may be caught."""
+
+
+# --- settings ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """Where the results of one Celery app live."""
+
+    url: str  # the storage URL, without the objq+ scheme
+    prefix: str = DEFAULT_PREFIX
+    store_options: dict[str, Any] = field(default_factory=dict)
+
+
+def backend_settings(url: str | None, options: Mapping[str, Any]) -> BackendSettings:
+    """The settings from the URL Celery found after ``objq+`` (None with the class-path form)
+    and ``result_backend_transport_options``."""
+    unknown = sorted(set(options) - ACCEPTED_OPTIONS)
+    if unknown:
+        raise BackendConfigurationError(
+            f"result_backend_transport_options: unknown option(s) {', '.join(unknown)}; "
+            f"accepted: {', '.join(sorted(ACCEPTED_OPTIONS))}"
+        )
+    given = _storage_url(url)
+    in_options = options.get("url")
+    if given and in_options:
+        raise BackendConfigurationError(
+            f"result backend: a storage URL in result_backend ({redacted(given)!r}) and another "
+            f"in result_backend_transport_options['url'] ({redacted(str(in_options))!r}); "
+            "expected one of them"
+        )
+    chosen = given or in_options
+    if not isinstance(chosen, str) or not chosen:
+        raise BackendConfigurationError(
+            f"result backend: expected a storage URL, as {_FORM}; found {chosen!r}"
+        )
+    prefix, store_options = options.get("prefix", DEFAULT_PREFIX), options.get("store_options", {})
+    if not isinstance(prefix, str):
+        raise BackendConfigurationError(
+            f"result_backend_transport_options['prefix']: expected a string, found {prefix!r}"
+        )
+    if not isinstance(store_options, Mapping):
+        raise BackendConfigurationError(
+            "result_backend_transport_options['store_options']: expected a dict of storage "
+            f"options, found {store_options!r}"
+        )
+    return BackendSettings(chosen, prefix, dict(store_options))
+
+
+def _storage_url(url: str | None) -> str | None:
+    if url is None or url in ("", *_BARE):
+        return None
+    if url.startswith("objq://"):
+        raise BackendConfigurationError(
+            f"result backend: expected {_FORM}; found {redacted(url)!r} (objq:// names no "
+            "storage: write objq+file://..., objq+s3://...)"
+        )
+    return url.removeprefix("objq+")
+
+
+_opened: dict[tuple[int, str, str, str], ResultStore] = {}
+_opened_lock = threading.Lock()
+
+
+def _open_results(settings: BackendSettings) -> ResultStore:
+    """One store per process and settings: Celery makes a backend for every thread that uses
+    one, and they can share a store (and its HTTP connections) as they share its objects. The
+    pid: a forked child (the prefork pool) opens its own, as it must for an SDK client."""
+    key = (os.getpid(), settings.url, settings.prefix, repr(sorted(settings.store_options.items())))
+    with _opened_lock:
+        results = _opened.get(key)
+        if results is None:
+            where = f"result backend objq+{redacted(settings.url)}"
+            try:
+                results = ResultStore(
+                    open_store(settings.url, **settings.store_options), settings.prefix
+                )
+                results.key("probe")  # refuses a prefix that cannot start a key
+            except (ConfigurationError, InvalidKey) as exc:
+                raise BackendConfigurationError(f"{where}: {exc}") from exc
+            _opened[key] = results
+        return results
+
+
+# --- chord counters ------------------------------------------------------------------------------
+
+
+class _Part(msgspec.Struct, array_like=True):
+    """One header task's report: its result as Celery encodes it."""
+
+    task_id: str
+    index: int | None  # its place in the header (None: after the numbered ones, as they came)
+    state: str
+    value: bytes
+
+
+class _Progress(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A chord's counter object."""
+
+    size: int | None = None  # header tasks to wait for, once the publisher said
+    parts: dict[str, _Part] = msgspec.field(default_factory=dict)  # "task id:index" -> part
+    added: list[str] = msgspec.field(default_factory=list)  # ids Task.add_to_chord added
+    claimed_by: str | None = None
+    claimed_until: float = 0.0
+    done: bool = False
+
+    def complete(self) -> bool:
+        return self.size is not None and len(self.parts) >= self.size + len(self.added)
+
+    def claimable(self, now: float) -> bool:
+        lapsed = self.claimed_by is None or self.claimed_until <= now
+        return self.complete() and not self.done and lapsed
+
+
+_progress_encoder = msgspec.json.Encoder()
+_progress_decoder = msgspec.json.Decoder(_Progress)
+
+
+def _decode_progress(data: bytes | None) -> _Progress:
+    return _Progress() if data is None else _progress_decoder.decode(data)
+
+
+class _ChordCounters:
+    """The counter objects of chords; each change is one compare-and-set update."""
+
+    def __init__(self, results: ResultStore, ttl: float | None, claim_seconds: float) -> None:
+        self.results, self.ttl, self.claim_seconds = results, ttl, claim_seconds
+
+    def start(self, name: str) -> None:
+        self.results.set(name, _progress_encoder.encode(_Progress()), self.ttl)
+
+    def set_size(self, name: str, size: int) -> None:
+        def sized(old: bytes | None) -> bytes:
+            progress = _decode_progress(old)
+            progress.size = size
+            return _progress_encoder.encode(progress)
+
+        self.results.update(name, sized, self.ttl)
+
+    def add(self, name: str, task_id: str) -> None:
+        def added(old: bytes | None) -> bytes | None:
+            progress = _decode_progress(old)
+            if task_id in progress.added:
+                return None
+            progress.added.append(task_id)
+            return _progress_encoder.encode(progress)
+
+        self.results.update(name, added, self.ttl)
+
+    def report(self, name: str, key: str, part: _Part, token: str) -> _Progress | None:
+        """Count ``part`` once under ``key``, and claim the callback for ``token`` when the
+        header is complete and nobody holds the claim; the counter as it then is."""
+
+        def counted(old: bytes | None) -> bytes | None:
+            progress, now = _decode_progress(old), time.time()
+            if progress.done:
+                return None  # a late copy of a header task: the chord is over
+            changed = key not in progress.parts
+            if changed:
+                progress.parts[key] = part
+            if progress.claimable(now):
+                progress.claimed_by, progress.claimed_until = token, now + self.claim_seconds
+                changed = True
+            return _progress_encoder.encode(progress) if changed else None
+
+        stored = self.results.update(name, counted, self.ttl)
+        current = stored if stored is not None else self.results.get(name)
+        return None if current is None else _decode_progress(current)
+
+    def renew(self, name: str, token: str) -> bool:
+        """Hold the claim of ``token`` for another spell; False when it was taken over."""
+        held = False
+
+        def renewed(old: bytes | None) -> bytes | None:
+            nonlocal held
+            progress = _decode_progress(old)
+            held = progress.claimed_by == token and not progress.done
+            if not held:
+                return None
+            progress.claimed_until = time.time() + self.claim_seconds
+            return _progress_encoder.encode(progress)
+
+        self.results.update(name, renewed, self.ttl)
+        return held
+
+    def finish(self, name: str, token: str) -> None:
+        """Mark the chord done (its parts are no longer needed), if ``token`` holds it."""
+
+        def finished(old: bytes | None) -> bytes | None:
+            progress = _decode_progress(old)
+            if progress.claimed_by != token or progress.done:
+                return None
+            return _progress_encoder.encode(_Progress(size=progress.size, done=True))
+
+        self.results.update(name, finished, self.ttl)
+
+    def wait_settled(self, name: str, progress: _Progress) -> None:
+        """Wait until the claim in ``progress`` ends: the chord is done, or the claim lapsed or
+        changed hands (its holder died, or renewed it)."""
+
+        def settled(found: dict[str, bytes]) -> bool:
+            now = _decode_progress(found.get(name))
+            return (
+                now.done
+                or now.claimed_until != progress.claimed_until
+                or (now.claimed_until <= time.time())
+            )
+
+        left = progress.claimed_until - time.time()
+        self.results.wait([name], settled, timeout=max(left, 0.0) + 0.1, interval=1.0)
+
+
+def _chord_error(message: str, cause: object) -> ChordError:
+    error = ChordError(message)
+    if isinstance(cause, BaseException):
+        error.__cause__ = cause
+    return error
+
+
+def _header_order(part: _Part) -> tuple[bool, int]:
+    return part.index is None, part.index or 0
+
+
+def _every(seconds: float, action: Callable[[], object] | None) -> Callable[[], None]:
+    """``action`` at most once per ``seconds``: Celery's checks between two reads of a result
+    (a chain's parents, on ``get``) read storage too, and the reads here are frequent."""
+    last = time.monotonic()
+
+    def maybe() -> None:
+        nonlocal last
+        if action is not None and time.monotonic() - last >= seconds:
+            last = time.monotonic()
+            action()
+
+    return maybe
+
+
+# --- the backend ---------------------------------------------------------------------------------
+
+
+class ObjqBackend(KeyValueStoreBackend):  # type: ignore[misc]
+    """Celery result backend on objq storage; see the module docstring."""
+
+    key_t = staticmethod(bytes_to_str)  # object names are text
+    supports_native_join = True  # a group waits on all its results in one wait
+    supports_autoexpire = False  # expired records read as absent but stay until cleanup()
+    supports_result_compression = True  # the bytes Celery gives are stored as they are
+    supports_failure_expires = True
+
+    def __init__(self, app: Any, url: str | None = None, **kwargs: Any) -> None:
+        super().__init__(app, url=url, **kwargs)
+        conf = self.app.conf
+        options = conf.get("result_backend_transport_options") or {}
+        self.settings = backend_settings(url, options)
+        self._results = _open_results(self.settings)
+        failure_expires = conf.get("result_failure_expires")
+        self.failure_expires = (
+            self.expires if failure_expires is None else self.prepare_expires(failure_expires)
+        )
+        chord_expires = conf.get("result_chord_expires")
+        join_timeout = float(conf.get("result_chord_join_timeout") or 0)
+        self._chords = _ChordCounters(
+            self._results,
+            ttl=_ttl(
+                self.expires if chord_expires is None else self.prepare_expires(chord_expires)
+            ),
+            claim_seconds=max(CHORD_CLAIM_SECONDS, 2 * join_timeout),
+        )
+
+    def as_uri(self, include_password: bool = False) -> str:
+        uri = f"objq+{self.settings.url}"
+        return uri if include_password else redacted(uri)
+
+    def __reduce__(self, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        return super().__reduce__(args, {**(kwargs or {}), "url": self.url})
+
+    def exception_safe_to_retry(self, exc: BaseException) -> bool:
+        return isinstance(exc, StorageUnavailable)  # with result_backend_always_retry
+
+    # --- the key-value contract --------------------------------------------------------------
+
+    def get(self, key: str | bytes) -> bytes | None:
+        return self._results.get(bytes_to_str(key))
+
+    def mget(self, keys: Iterable[str | bytes]) -> list[bytes | None]:
+        return [self.get(key) for key in keys]
+
+    def set(self, key: str | bytes, value: str | bytes) -> None:
+        self._results.set(bytes_to_str(key), ensure_bytes(value), _ttl(self.expires))
+
+    def _set_with_state(self, key: str | bytes, value: str | bytes, state: str) -> None:
+        self._results.set(bytes_to_str(key), ensure_bytes(value), self._ttl_for(state))
+
+    def delete(self, key: str | bytes) -> None:
+        self._results.delete(bytes_to_str(key))
+
+    def incr(self, key: str | bytes) -> int:
+        stored = self._results.update(
+            bytes_to_str(key), lambda old: b"%d" % (int(old or b"0") + 1), _ttl(self.expires)
+        )
+        return int(stored or b"0")
+
+    def expire(self, key: str | bytes, value: float | None) -> None:
+        self._results.update(bytes_to_str(key), lambda old: old, _ttl(value))
+
+    def _store_result(
+        self,
+        task_id: str,
+        result: Any,
+        state: str,
+        traceback: str | None = None,
+        request: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        meta = self._get_result_meta(
+            result=result, state=state, traceback=traceback, request=request
+        )
+        meta["task_id"] = bytes_to_str(task_id)
+        encoded: bytes = ensure_bytes(self.encode(meta))
+
+        def unless_succeeded(old: bytes | None) -> bytes | None:
+            # A task run again (its worker was lost before the ack) never replaces a success.
+            if old is not None and self.decode(old).get("status") == states.SUCCESS:
+                return None
+            return encoded
+
+        self._results.update(self.get_key_for_task(task_id), unless_succeeded, self._ttl_for(state))
+        return result
+
+    def _ttl_for(self, state: str) -> float | None:
+        return _ttl(self.failure_expires if state == states.FAILURE else self.expires)
+
+    def cleanup(self) -> int:
+        """Delete expired records (Celery's ``backend_cleanup`` task calls this daily)."""
+        deleted = self._results.purge()
+        logger.info("%s: deleted %d expired results", self.as_uri(), deleted)
+        return deleted
+
+    # --- waiting -----------------------------------------------------------------------------
+
+    def wait_for(
+        self,
+        task_id: str,
+        timeout: float | None = None,
+        interval: float = 0.5,
+        no_ack: bool = True,
+        on_interval: Callable[[], object] | None = None,
+    ) -> Any:
+        self._ensure_not_eager()
+        cached = self._cache.get(task_id)
+        if cached is not None and cached["status"] in states.READY_STATES:
+            return cached
+        ready = self._wait_ready([task_id], timeout, interval, on_interval, all_of=True)
+        if task_id not in ready:
+            raise self.TimeoutError("The operation timed out.")
+        meta = ready[task_id]
+        if meta["status"] == states.SUCCESS:
+            self._cache[task_id] = meta
+        return meta
+
+    def get_many(  # noqa: PLR0917 (Celery's signature)
+        self,
+        task_ids: Iterable[str | bytes],
+        timeout: float | None = None,
+        interval: float | None = 0.5,
+        no_ack: bool = True,
+        on_message: Callable[[Any], object] | None = None,
+        on_interval: Callable[[], object] | None = None,
+        max_iterations: int | None = None,
+        READY_STATES: frozenset[str] = states.READY_STATES,
+        **kwargs: Any,
+    ) -> Iterator[tuple[str, Any]]:
+        interval = 0.5 if interval is None else interval
+        pending = {bytes_to_str(task_id) for task_id in task_ids}
+        for task_id in sorted(pending):
+            cached = self._cache.get(task_id)
+            if cached is not None and cached["status"] in READY_STATES:
+                pending.discard(task_id)
+                yield task_id, cached
+        deadline = None if timeout is None else time.monotonic() + timeout
+        passes = 0
+        while pending:
+            # max_iterations: Celery's "read each once" (ResultSet's ready/failed checks).
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            ready = self._wait_ready(
+                sorted(pending),
+                0.0 if max_iterations else left,
+                interval,
+                on_interval,
+                all_of=False,
+                ready_states=READY_STATES,
+            )
+            self._cache.update(ready)
+            for task_id, meta in ready.items():
+                pending.discard(task_id)
+                if on_message is not None:
+                    on_message(meta)
+                yield task_id, meta
+            passes += 1
+            if max_iterations and passes >= max_iterations:
+                return
+            if pending and deadline is not None and time.monotonic() >= deadline:
+                raise self.TimeoutError(f"Operation timed out ({timeout})")
+
+    def _wait_ready(
+        self,
+        task_ids: list[str],
+        timeout: float | None,
+        interval: float,
+        on_interval: Callable[[], object] | None,
+        *,
+        all_of: bool,
+        ready_states: frozenset[str] = states.READY_STATES,
+    ) -> dict[str, Any]:
+        """The metas of ``task_ids`` in a ready state, once all (``all_of``) or any of them
+        are, or ``timeout`` passed. ``on_interval`` runs between reads, once per interval, and
+        once more when results are ready: as with Celery's Redis backend, a failed parent (the
+        check ``AsyncResult.get`` passes) is raised before a ready result is returned, so a
+        chord whose header failed raises the header's error rather than the ChordError."""
+        task_of = {self.get_key_for_task(task_id): task_id for task_id in task_ids}
+        ready: dict[str, Any] = {}
+        between_reads = _every(interval, on_interval)
+
+        def enough(found: dict[str, bytes]) -> bool:
+            for name, data in found.items():
+                task_id = task_of[name]
+                if task_id not in ready:
+                    meta = self.decode_result(data)
+                    if meta["status"] in ready_states:
+                        ready[task_id] = meta
+            if len(ready) == len(task_of) or (ready and not all_of):
+                if on_interval is not None:
+                    on_interval()
+                return True
+            between_reads()
+            return False
+
+        self._results.wait(task_of, enough, timeout, interval)
+        return ready
+
+    # --- chords ------------------------------------------------------------------------------
+
+    def apply_chord(self, header_result_args: Any, body: Any, **kwargs: Any) -> None:
+        self.ensure_chords_allowed()
+        group_id, results = header_result_args[0], header_result_args[1]
+        # A frozen chord applied again keeps its group id: this run counts from nothing.
+        self._chords.start(self.get_key_for_chord(group_id))
+        if isinstance(results, list | tuple) and any(isinstance(r, GroupResult) for r in results):
+            # Nested groups: the callback gets the header's shape, which only a join keeps.
+            self.save_group(group_id, self.app.GroupResult(*header_result_args))
+
+    def set_chord_size(self, group_id: str, chord_size: int) -> None:
+        self._chords.set_size(self.get_key_for_chord(group_id), chord_size)
+
+    def add_to_chord(self, group_id: str, result: Any) -> None:
+        self._chords.add(self.get_key_for_chord(group_id), result.id)
+
+    def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
+        group_id, task_id = getattr(request, "group", None), getattr(request, "id", None)
+        if not group_id or not task_id or not getattr(request, "chord", None):
+            return
+        index = getattr(request, "group_index", None)
+        value = ensure_bytes(self.encode(self.encode_result(result, state)))
+        part = _Part(task_id, index, state, value)
+        name, token = self.get_key_for_chord(group_id), uuid.uuid4().hex
+        waited = False
+        while True:
+            progress = self._chords.report(name, f"{task_id}:{index}", part, token)
+            if progress is None or progress.done or not progress.complete():
+                return
+            if progress.claimed_by == token:
+                if waited:
+                    logger.warning("Chord %r: a claim on its callback lapsed; sending it", group_id)
+                self._complete_chord(name, group_id, request, progress, token)
+                return
+            # Another report completed the header and holds the callback: wait until it is
+            # sent, or until that claim lapses (its process died) and this one takes it over.
+            self._chords.wait_settled(name, progress)
+            waited = True
+
+    def _complete_chord(
+        self, name: str, group_id: str, request: Any, progress: _Progress, token: str
+    ) -> None:
+        callback = maybe_signature(request.chord, app=self.app)
+        try:
+            try:
+                values = self._header_values(group_id, progress)
+            except ChordError as exc:
+                logger.error("Chord %r: %s", group_id, exc)
+                self.chord_error_from_stack(callback, exc)
+                return
+            except Exception as exc:
+                logger.exception("Chord %r: joining the header failed", group_id)
+                self.chord_error_from_stack(callback, _chord_error(f"Join error: {exc!r}", exc))
+                return
+            if not self._chords.renew(name, token):
+                logger.warning("Chord %r: another process took the callback over", group_id)
+                return
+            try:
+                callback.delay(values)
+            except Exception as exc:
+                logger.exception("Chord %r: sending the callback failed", group_id)
+                self.chord_error_from_stack(callback, _chord_error(f"Callback error: {exc!r}", exc))
+        finally:
+            self._chords.finish(name, token)
+
+    def _header_values(self, group_id: str, progress: _Progress) -> list[Any]:
+        """The header's results in header order; ChordError if one of them failed."""
+        nested = GroupResult.restore(group_id, backend=self)  # saved for nested headers only
+        if nested is not None:
+            with allow_join_result():
+                values: list[Any] = nested.join_native(
+                    timeout=self.app.conf.result_chord_join_timeout, propagate=True
+                )
+            return values
+        return [
+            self._part_value(part) for part in sorted(progress.parts.values(), key=_header_order)
+        ]
+
+    def _part_value(self, part: _Part) -> Any:
+        value = self.decode(part.value)
+        if part.state in states.EXCEPTION_STATES:
+            value = self.exception_to_python(value)
+        if part.state in states.PROPAGATE_STATES:
+            raise _chord_error(f"Dependency {part.task_id} raised {value!r}", value)
+        return value
+
+
+def _ttl(expires: Any) -> float | None:
+    """A record lifetime from a Celery expiry (seconds, a timedelta, or None/0 for never)."""
+    seconds = expires.total_seconds() if hasattr(expires, "total_seconds") else expires
+    return float(seconds) if seconds else None
