@@ -9,7 +9,7 @@
 42
 
 Each result is one object (``results/celery-task-meta-<task id>`` under the store's root), so
-the backend may share the broker's store: results never enter the queue's ``state.json``. It is
+the backend may share the broker's store: results never enter the queue's state object. It is
 Celery's key-value backend over :class:`~objq_broker.results.store.ResultStore`:
 
 * **Storing** is a compare-and-set write that never replaces a stored ``SUCCESS``: a task run
@@ -428,7 +428,7 @@ class ObjqBackend(KeyValueStoreBackend):  # type: ignore[misc]
         cached = self._cache.get(task_id)
         if cached is not None and cached["status"] in states.READY_STATES:
             return cached
-        ready = self._wait_ready([task_id], timeout, interval, on_interval, all_of=True)
+        ready = self._wait_ready([task_id], timeout, interval, on_interval)
         if task_id not in ready:
             raise self.TimeoutError("The operation timed out.")
         meta = ready[task_id]
@@ -448,6 +448,10 @@ class ObjqBackend(KeyValueStoreBackend):  # type: ignore[misc]
         READY_STATES: frozenset[str] = states.READY_STATES,
         **kwargs: Any,
     ) -> Iterator[tuple[str, Any]]:
+        """Yield ``(task id, meta)`` as results are ready. One wait covers every pending result
+        and ends when all are ready, or early when one failed (so a group's ``get()`` raises at
+        once), or at the timeout: waking on each result would restart the pauses between reads
+        and read every pending result back to back."""
         interval = 0.5 if interval is None else interval
         pending = {bytes_to_str(task_id) for task_id in task_ids}
         for task_id in sorted(pending):
@@ -456,17 +460,15 @@ class ObjqBackend(KeyValueStoreBackend):  # type: ignore[misc]
                 pending.discard(task_id)
                 yield task_id, cached
         deadline = None if timeout is None else time.monotonic() + timeout
-        passes = 0
         while pending:
-            # max_iterations: Celery's "read each once" (ResultSet's ready/failed checks).
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             ready = self._wait_ready(
                 sorted(pending),
-                0.0 if max_iterations else left,
+                0.0 if max_iterations else left,  # Celery's "read each once" (ready() checks)
                 interval,
                 on_interval,
-                all_of=False,
                 ready_states=READY_STATES,
+                early_states=states.PROPAGATE_STATES,
             )
             self._cache.update(ready)
             for task_id, meta in ready.items():
@@ -474,8 +476,7 @@ class ObjqBackend(KeyValueStoreBackend):  # type: ignore[misc]
                 if on_message is not None:
                     on_message(meta)
                 yield task_id, meta
-            passes += 1
-            if max_iterations and passes >= max_iterations:
+            if max_iterations:
                 return
             if pending and deadline is not None and time.monotonic() >= deadline:
                 raise self.TimeoutError(f"Operation timed out ({timeout})")
@@ -487,26 +488,29 @@ class ObjqBackend(KeyValueStoreBackend):  # type: ignore[misc]
         interval: float,
         on_interval: Callable[[], object] | None,
         *,
-        all_of: bool,
         ready_states: frozenset[str] = states.READY_STATES,
+        early_states: frozenset[str] = frozenset(),
     ) -> dict[str, Any]:
-        """The metas of ``task_ids`` in a ready state, once all (``all_of``) or any of them
-        are, or ``timeout`` passed. ``on_interval`` runs between reads, once per interval, and
-        once more when results are ready: as with Celery's Redis backend, a failed parent (the
-        check ``AsyncResult.get`` passes) is raised before a ready result is returned, so a
-        chord whose header failed raises the header's error rather than the ChordError."""
+        """The metas of ``task_ids`` in a ready state, once all of them are, or one is in
+        ``early_states``, or ``timeout`` passed. ``on_interval`` runs between reads, once per
+        interval, and once more when the wait ends on ready results: as with Celery's Redis
+        backend, a failed parent (the check ``AsyncResult.get`` passes) is raised before a
+        ready result is returned, so a chord whose header failed raises the header's error
+        rather than the ChordError."""
         task_of = {self.get_key_for_task(task_id): task_id for task_id in task_ids}
         ready: dict[str, Any] = {}
         between_reads = _every(interval, on_interval)
 
         def enough(found: dict[str, bytes]) -> bool:
+            ended = False
             for name, data in found.items():
                 task_id = task_of[name]
                 if task_id not in ready:
                     meta = self.decode_result(data)
                     if meta["status"] in ready_states:
                         ready[task_id] = meta
-            if len(ready) == len(task_of) or (ready and not all_of):
+                        ended = ended or meta["status"] in early_states
+            if ended or len(ready) == len(task_of):
                 if on_interval is not None:
                     on_interval()
                 return True

@@ -8,7 +8,7 @@
 
 Both backends keep their objects in the same store as the queue (or any other), under their own
 prefix, through :class:`~objq_broker.results.store.ResultStore`: never in the queue's
-``state.json``, and never through the queue's commit loop.
+state object, and never through the queue's commit loop.
 
 * :class:`ObjqResultBackend` writes each result as one object, ``results/<message key>``, that
   expires after the result's TTL. A blocking get waits through :meth:`ResultStore.wait`: a

@@ -2,7 +2,7 @@
 
 A task's result is written once, as its own object, by the worker that ran the task; whoever
 waits for it reads that object. Nothing goes through the queue's commit loop: a result costs
-one PUT and never makes the state (``state.json``) bigger or its commits slower. Counters (a
+one PUT and never makes the queue's state object bigger or its commits slower. Counters (a
 chord's progress, a rate limiter's window) are objects changed only by compare-and-set, so
 any number of processes may change them at once without losing an update.
 
