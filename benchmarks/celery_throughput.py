@@ -26,6 +26,10 @@ Two extra rows repeat all of it with ``--prefetch-multiplier`` = ``--large-prefe
 both brokers: Celery's default window (concurrency x 4 = 8 messages) bounds how many messages
 one objq claim commit can hand out.
 
+The Redis rows are measured against a local redis-server when one is installed. Without
+``redis-server`` on PATH they are skipped with one line, the objq rows still run, and the
+"vs redis" columns read ``n/a``.
+
     python benchmarks/celery_throughput.py                      # 10,000 messages
     python benchmarks/celery_throughput.py --messages 1000      # smoke run
 """
@@ -36,6 +40,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import Celery
@@ -59,6 +64,9 @@ from objq_broker import Queue
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.storage import open_store
 
+if TYPE_CHECKING:
+    from tests.support.servers import RedisServer
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 QUEUE = "bench"
@@ -68,6 +76,11 @@ PRODUCER_THREADS = 8
 REDIS_SETTINGS = ("--save", "", "--appendonly", "no")
 #: Longest a drain may take before the run gives up on that broker.
 DRAIN_TIMEOUT_SECONDS = 600.0
+#: Printed instead of the Redis rows when there is no redis-server to measure.
+REDIS_MISSING = (
+    "# redis-server not found on PATH: the Redis rows are skipped "
+    "(apt-get install redis-server to measure them)"
+)
 
 # --- the app (also loaded by the worker subprocess: celery -A celery_throughput) ------------
 
@@ -173,6 +186,22 @@ def redis_pending(port: int) -> Callable[[], int]:
             client.close()
 
     return pending
+
+
+def brokers(
+    store: str, server: RedisServer | None, options: dict[str, Any], big: int
+) -> list[Broker]:
+    """The rows to measure: objq then Redis (when ``server`` runs) at Celery's default prefetch,
+    then both again with a prefetch multiplier of ``big`` (none when it is 0)."""
+    rows: list[Broker] = []
+    for prefetch in (None, big) if big else (None,):
+        suffix = "" if prefetch is None else f" prefetch x{prefetch}"
+        rows.append(Broker(f"objq file://{suffix}", f"objq+{store}", objq_pending(store),
+                           options, prefetch=prefetch, commits=objq_commits(store)))  # fmt: skip
+        if server is not None:
+            rows.append(Broker(f"redis{suffix}", server.url, redis_pending(server.port), options,
+                               prefetch=prefetch))  # fmt: skip
+    return rows
 
 
 # --- measurements --------------------------------------------------------------------------
@@ -303,6 +332,18 @@ def measure(broker: Broker, messages: int, threaded: int, args: argparse.Namespa
 # --- report --------------------------------------------------------------------------------
 
 
+def ratios(r: Result, anchor: Result | None) -> tuple[str, str, str]:
+    """The "vs redis" cells of ``r`` (1 thread, 8 threads, drain): ``n/a`` when there is no
+    Redis row to compare with, rather than a number with nothing behind it."""
+    if anchor is None:
+        return "n/a", "n/a", "n/a"
+    return (
+        f"{r.send_rate / anchor.send_rate:.2f}",
+        f"{r.threaded_rate / anchor.threaded_rate:.2f}",
+        f"{r.drain_rate / anchor.drain_rate:.2f}",
+    )
+
+
 def table(results: list[Result]) -> str:
     lines = [
         "| broker | apply_async 1 thread (msg/s) | vs redis | apply_async 8 threads (msg/s) "
@@ -310,14 +351,14 @@ def table(results: list[Result]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        # The anchor is the Redis row with the same prefetch.
+        # The anchor is the Redis row with the same prefetch (none when Redis was skipped).
         same = [a for a in results if a.prefetch == r.prefetch]
-        anchor = next(a for a in same if a.label.startswith("redis"))
+        anchor = next((a for a in same if a.label.startswith("redis")), None)
         per_1k = "" if r.drain_commits is None else f"{r.drain_commits * 1000 / r.drained:,.0f}"
+        vs_send, vs_threaded, vs_drain = ratios(r, anchor)
         lines.append(
-            f"| {r.label} | {r.send_rate:,.0f} | {r.send_rate / anchor.send_rate:.2f} "
-            f"| {r.threaded_rate:,.0f} | {r.threaded_rate / anchor.threaded_rate:.2f} "
-            f"| {r.drain_rate:,.0f} | {r.drain_rate / anchor.drain_rate:.2f} | {per_1k} "
+            f"| {r.label} | {r.send_rate:,.0f} | {vs_send} | {r.threaded_rate:,.0f} "
+            f"| {vs_threaded} | {r.drain_rate:,.0f} | {vs_drain} | {per_1k} "
             f"| {r.longest_wait * 1000:,.0f} |"
         )
     return "\n".join(lines)
@@ -331,6 +372,19 @@ def environment() -> str:
         f"kombu {version('kombu')}, redis-py {version('redis')}, load average at start {load}, "
         f"objq {objq_revision(ROOT) or 'outside a checkout'}"
     )
+
+
+def start_redis() -> RedisServer | None:
+    """A local redis-server for the Redis rows, or None (and one line saying so) without one."""
+    # Checked here rather than left to tests.support.servers.start_redis, which also falls back to
+    # /usr/bin/redis-server: the rows run only for a redis-server on PATH.
+    if shutil.which("redis-server") is None:
+        print(REDIS_MISSING, flush=True)
+        return None
+    sys.path.insert(0, str(ROOT))  # the tests' server helpers: tests.support.servers
+    from tests.support.servers import start_redis as start
+
+    return start(REDIS_SETTINGS)
 
 
 def main() -> None:
@@ -348,31 +402,17 @@ def main() -> None:
     )
     args = parser.parse_args()
     print(environment(), flush=True)
-    sys.path.insert(0, str(ROOT))  # the tests' server helpers: tests.support.servers
-    from tests.support.servers import start_redis as start
-
-    server = start()
+    server = start_redis()
     scratch = Path(tempfile.mkdtemp(prefix="celery-bench-"))
     options = {"visibility_timeout": args.visibility_timeout}
     try:
         store = (scratch / "store").as_uri()
-        big = args.large_prefetch
-        brokers = [
-            Broker("objq file://", f"objq+{store}", objq_pending(store), options,
-                   commits=objq_commits(store)),
-            Broker("redis", server.url, redis_pending(server.port), options),
-        ]  # fmt: skip
-        if big:
-            brokers += [
-                Broker(f"objq file:// prefetch x{big}", f"objq+{store}", objq_pending(store),
-                       options, prefetch=big, commits=objq_commits(store)),
-                Broker(f"redis prefetch x{big}", server.url, redis_pending(server.port), options,
-                       prefetch=big),
-            ]  # fmt: skip
         args.logs = scratch
-        results = [measure(b, args.messages, args.threaded_messages, args) for b in brokers]
+        rows = brokers(store, server, options, args.large_prefetch)
+        results = [measure(b, args.messages, args.threaded_messages, args) for b in rows]
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
     print()
     print(table(results))
 

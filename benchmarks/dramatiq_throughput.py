@@ -12,6 +12,10 @@ All brokers run side by side in one process and one run, with Dramatiq's default
   ``--appendonly yes --appendfsync always``, the Redis setting closest to objq's fsync per commit.
 * ``stub``: Dramatiq's in-process ``StubBroker`` (no storage, no network: the ceiling).
 
+The Redis rows are measured against a local redis-server when one is installed. Without
+``redis-server`` on PATH they are skipped with one line, the objq and stub rows still run, and
+the "vs redis" columns read ``n/a``.
+
 Workloads (a fresh broker for each measurement, ``dramatiq.set_broker`` before the actor is
 declared, every worker stopped and broker closed at the end of its measurement):
 
@@ -150,6 +154,18 @@ def declare_actor(broker: dramatiq.Broker) -> dramatiq.Actor[Any, Any]:
 
 # --- redis-server --------------------------------------------------------------------------
 
+#: Printed instead of the Redis rows when there is no redis-server to measure.
+REDIS_MISSING = (
+    "# redis-server not found on PATH: the Redis rows are skipped "
+    "(apt-get install redis-server to measure them)"
+)
+
+
+def redis_installed() -> bool:
+    # Checked here rather than left to servers.start_redis, which also falls back to
+    # /usr/bin/redis-server: the rows run only for a redis-server on PATH.
+    return shutil.which("redis-server") is not None
+
 
 def start_redis(settings: tuple[str, ...]) -> RedisServer:
     try:
@@ -209,6 +225,7 @@ class Brokers:
         self.memory_names: list[str] = []
 
     def kinds(self) -> list[Kind]:
+        """Every row to measure; the Redis rows only for the servers that were started."""
         kinds = [
             Kind("objq memory://", self.objq_memory, objq=True),
             Kind("objq file://", lambda: self.objq_file(fsync=True), objq=True, note="fsync"),
@@ -218,8 +235,10 @@ class Brokers:
                 objq=True,
                 note="extra",
             ),
-            Kind(ANCHOR, lambda: self.redis(self.redis_default), note="anchor"),
         ]
+        if self.redis_default is not None:
+            default = self.redis_default
+            kinds.append(Kind(ANCHOR, lambda: self.redis(default), note="anchor"))
         if self.redis_always is not None:
             server = self.redis_always
             kinds.append(Kind("redis AOF fsync=always", lambda: self.redis(server), note="extra"))
@@ -425,6 +444,18 @@ def fmt_ratio(phase: Phase | None, anchor: Phase | None) -> str:
     return f"{phase.rate / anchor.rate:.2f}"
 
 
+def ratios(row: Row, anchor: Row | None) -> tuple[str, str, str]:
+    """The "vs redis" cells of ``row`` (enqueue x1, enqueue x16, drain): ``n/a`` when there is
+    no Redis row to compare with, rather than a number with nothing behind it."""
+    if anchor is None:
+        return "n/a", "n/a", "n/a"
+    return (
+        fmt_ratio(row.single, anchor.single),
+        fmt_ratio(row.multi, anchor.multi),
+        fmt_ratio(row.drain, anchor.drain),
+    )
+
+
 def fmt_writes(phase: Phase | None) -> str:
     if phase is None or phase.writes_per_1k is None:
         return "-"
@@ -441,18 +472,18 @@ REDIS_NOTE = (
 
 
 def table(rows: list[Row], messages: int) -> str:
-    anchor = next(row for row in rows if row.kind.label == ANCHOR)
+    anchor = next((row for row in rows if row.kind.label == ANCHOR), None)
     lines = [
         f"| broker | enqueue 1 thread (msg/s) | vs redis | enqueue {PRODUCER_THREADS} threads "
         f"(msg/s) | vs redis | drain, {WORKER_THREADS} worker threads (msg/s) | vs redis |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
+        vs_single, vs_multi, vs_drain = ratios(row, anchor)
         lines.append(
-            f"| {row.kind.label} | {fmt_rate(row.single, messages)} | "
-            f"{fmt_ratio(row.single, anchor.single)} | {fmt_rate(row.multi, messages)} | "
-            f"{fmt_ratio(row.multi, anchor.multi)} | {fmt_rate(row.drain, messages)} | "
-            f"{fmt_ratio(row.drain, anchor.drain)} |"
+            f"| {row.kind.label} | {fmt_rate(row.single, messages)} | {vs_single} | "
+            f"{fmt_rate(row.multi, messages)} | {vs_multi} | {fmt_rate(row.drain, messages)} | "
+            f"{vs_drain} |"
         )
     lines += [
         "",
@@ -479,7 +510,8 @@ def table(rows: list[Row], messages: int) -> str:
             f"| {row.kind.label} | {fmt_writes(row.single)} | {fmt_writes(row.multi)} | "
             f"{fmt_writes(drain)} | {batches:,} | {per_commit} | {share} |"
         )
-    lines += ["", REDIS_NOTE]
+    if anchor is not None:  # the note explains the Redis rows: none, no note
+        lines += ["", REDIS_NOTE]
     return "\n".join(lines)
 
 
@@ -507,9 +539,10 @@ def objq_source() -> str:
 
 
 def redis_version() -> str:
-    out = subprocess.run(
-        ["redis-server", "--version"], capture_output=True, text=True, check=False
-    ).stdout
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return "not installed"
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout
     return out.split()[2].removeprefix("v=") if out else "?"
 
 
@@ -522,7 +555,8 @@ def main() -> None:
     parser.add_argument(
         "--only",
         action="append",
-        help="run only brokers whose label contains this text (repeatable; the anchor always runs)",
+        help="run only brokers whose label contains this text (repeatable; the anchor always "
+        "runs when redis-server is installed)",
     )
     parser.add_argument(
         "--no-single-cap",
@@ -555,6 +589,15 @@ def main() -> None:
         side_by_side(args)
 
 
+def start_redis_servers(no_fsync: bool) -> tuple[RedisServer | None, RedisServer | None]:
+    """(the anchor's server, the fsync-always row's server); neither without redis-server."""
+    if not redis_installed():
+        print(REDIS_MISSING, flush=True)
+        return None, None
+    default = start_redis(REDIS_DEFAULT)
+    return default, None if no_fsync else start_redis(REDIS_FSYNC_ALWAYS)
+
+
 def side_by_side(args: argparse.Namespace) -> None:
     """Every broker kind, the anchor included: enqueue from 1 and 16 threads, and drain."""
     messages = args.messages
@@ -567,8 +610,7 @@ def side_by_side(args: argparse.Namespace) -> None:
         f"threads; drain with Worker(worker_threads={WORKER_THREADS}, "
         f"worker_timeout={WORKER_TIMEOUT_MS}); redis: --save '' --appendonly no (no fsync)"
     )
-    redis_default = start_redis(REDIS_DEFAULT)
-    redis_always = None if args.no_redis_fsync else start_redis(REDIS_FSYNC_ALWAYS)
+    redis_default, redis_always = start_redis_servers(args.no_redis_fsync)
     brokers = Brokers(redis_default, redis_always)
     rows: list[Row] = []
     run_started = time.perf_counter()
@@ -612,9 +654,9 @@ def side_by_side(args: argparse.Namespace) -> None:
                     row.multi = phase
             rows.append(row)
     finally:
-        redis_default.stop()
-        if redis_always is not None:
-            redis_always.stop()
+        for server in (redis_default, redis_always):
+            if server is not None:
+                server.stop()
         brokers.tidy()
     print()
     print(table(rows, messages))

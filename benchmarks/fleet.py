@@ -25,7 +25,9 @@ Part 2, **publishing from 4 processes x 4 threads**, no worker running: Dramatiq
 (``file://``, fsync on) and through Redis (``redis-server --save '' --appendonly no``, no
 persistence), ``--messages`` in all per measurement. Each process sends one untimed warm-up
 message first (connections, queue declarations). objq's publish returns once the message is
-durable, as always. Rate = messages / (last process done - common start).
+durable, as always. Rate = messages / (last process done - common start). The Redis rows are
+measured against a local redis-server when one is installed; without ``redis-server`` on PATH
+they are skipped with one line, the objq rows still run, and "objq / redis" reads ``n/a``.
 
 In both parts the producers start together once all are ready, and stay open until all have
 finished: one that closed early would hand the elected broker over during the measurement.
@@ -61,7 +63,7 @@ from importlib.metadata import PackageNotFoundError, version
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dramatiq
 from celery import Celery
@@ -71,6 +73,9 @@ from provenance import objq_revision
 import objq_broker.kombu  # noqa: F401  (registers the objq+... broker URLs)
 from objq_broker import Queue
 from objq_broker.dramatiq import ObjqBroker
+
+if TYPE_CHECKING:
+    from tests.support.servers import RedisServer
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -100,6 +105,11 @@ LOG_LINES_SHOWN = 8
 RELEASE_TIMEOUT_SECONDS = 600.0
 #: Distinct send errors a producer keeps.
 ERRORS_KEPT = 3
+#: Printed instead of the Redis rows of part 2 when there is no redis-server to measure.
+REDIS_MISSING = (
+    "# redis-server not found on PATH: the Redis rows are skipped "
+    "(apt-get install redis-server to measure them)"
+)
 LOG_FORMAT = (
     "[%(asctime)s] [PID %(process)d] [%(threadName)s] [%(name)s] [%(levelname)s] %(message)s"
 )
@@ -825,11 +835,12 @@ def publish_table(results: list[PublishResult]) -> str:
         anchor = next(
             (a for a in results if a.framework == r.framework and a.target == "redis"), None
         )
-        ratio = (
-            ""
-            if anchor is None or r is anchor or not anchor.rate
-            else f"{r.rate / anchor.rate:.2f}"
-        )
+        if r is anchor:
+            ratio = ""
+        elif anchor is None or not anchor.rate:  # Redis skipped, or its case failed
+            ratio = "n/a"
+        else:
+            ratio = f"{r.rate / anchor.rate:.2f}"
         stored = "" if r.stored is None else f"{r.stored:,}"
         lines.append(
             f"| {r.framework} | {r.target} | {r.messages:,} | {r.seconds:.2f} | {r.rate:,.0f} "
@@ -876,12 +887,10 @@ def _version(package: str) -> str:
 def header(argv: list[str]) -> list[str]:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     binary = shutil.which("redis-server")
-    redis_out = (
-        subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout
-        if binary
-        else ""
-    )
-    redis_server = redis_out.split()[2].removeprefix("v=") if redis_out else "?"
+    redis_server = "not installed"
+    if binary:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+        redis_server = out.stdout.split()[2].removeprefix("v=") if out.stdout else "?"
     return [
         f"# fleet: {' '.join(argv) or '(defaults)'}",
         f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {platform.system()} {platform.release()} "
@@ -946,20 +955,33 @@ def open_stores(
         yield Store("s3 (SeaweedFS)", new_s3_url)
 
 
+def start_redis(servers: ModuleType, stoppers: list[Callable[[], None]]) -> RedisServer | None:
+    """A local redis-server for part 2's Redis rows, stopped at the end; None, and one line
+    saying so, without one."""
+    # Checked here rather than left to servers.start_redis, which also falls back to
+    # /usr/bin/redis-server: the rows run only for a redis-server on PATH.
+    if shutil.which("redis-server") is None:
+        print(REDIS_MISSING, flush=True)
+        return None
+    redis_server: RedisServer = servers.start_redis()
+    stoppers.append(redis_server.stop)
+    return redis_server
+
+
 def publish_all(
     args: argparse.Namespace, servers: ModuleType, stoppers: list[Callable[[], None]]
 ) -> list[PublishResult]:
-    redis_server = servers.start_redis()
-    stoppers.append(redis_server.stop)
+    redis_server = start_redis(servers, stoppers)
     results: list[PublishResult] = []
     for framework in args.frameworks:
         folder = Path(tempfile.mkdtemp(prefix="publish-", dir=args.scratch))
         objq_env = {"OBJQ_BROKER": "auto"}
-        for target, url, env in (
-            ("objq elected file://", f"objq+{folder.as_uri()}", objq_env),
-            ("redis", redis_server.url, {}),
-        ):
-            redis_server.flush()
+        cases = [("objq elected file://", f"objq+{folder.as_uri()}", objq_env)]
+        if redis_server is not None:
+            cases.append(("redis", redis_server.url, {}))
+        for target, url, env in cases:
+            if redis_server is not None:
+                redis_server.flush()
             result = run_publish_case(framework, target, url, env, args)
             results.append(result)
             outcome = (
@@ -997,10 +1019,14 @@ def report(
         print(fleet_table(fleet, args.drain_cap))
         print()
     if published:
+        redis = (
+            "redis with --save '' --appendonly no"
+            if any(p.target == "redis" for p in published)
+            else "no redis-server"
+        )
         print(
             f"Part 2: publishing from {PUBLISH_PROCESSES} processes x {PUBLISH_THREADS} threads, "
-            "no worker; objq in elected mode (OBJQ_BROKER=auto) on file://, "
-            "redis with --save '' --appendonly no"
+            f"no worker; objq in elected mode (OBJQ_BROKER=auto) on file://, {redis}"
         )
         print()
         print(publish_table(published))

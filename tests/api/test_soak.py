@@ -126,6 +126,15 @@ def test_soak_s3(tmp_path: Path, children: Children, s3_url_factory: Callable[[]
 
 
 @pytest.mark.slow
+def test_soak_seaweedfs(
+    tmp_path: Path, children: Children, seaweedfs_url_factory: Callable[[], str]
+) -> None:
+    """On a real S3 server that enforces If-Match itself, where moto serialises requests."""
+    result = run_soak(seaweedfs_url_factory(), tmp_path, children, jobs=3_000)
+    assert result["jobs"] == 3_000
+
+
+@pytest.mark.slow
 def test_soak_file_with_faults(tmp_path: Path, children: Children) -> None:
     result = run_soak((tmp_path / "store").as_uri(), tmp_path, children, jobs=3_000, faults=0.05)
     assert result["jobs"] == 3_000

@@ -1,4 +1,4 @@
-"""Celery's own ``t/integration/test_tasks.py``, run against the objq kombu transport.
+"""Celery's own ``t/integration/test_tasks.py`` and ``test_canvas.py``, run on objq alone.
 
 The sdist of the *installed* Celery is downloaded once into ``.upstream/celery/`` and only its
 ``t/__init__.py`` and ``t/integration/`` are unpacked (its ``celery/`` must not shadow the
@@ -6,15 +6,15 @@ installed package). Next to ``t/`` go our ``conftest.py`` (``celery_conftest.py`
 folder: it loads the transport, lists the deselected tests with their reasons, and writes a
 JSON report), a ``pytest.ini`` and Celery's ``integration-tests-config.json``.
 
-The suite runs with pytest in a subprocess (its settings, not objq's ``filterwarnings =
-error``), configured as Celery's CI configures it: ``TEST_BROKER`` is an objq broker URL and
-``TEST_BACKEND`` a redis-server this module starts on 127.0.0.1 (results only: objq has no
-result backend yet). Celery's conftest starts the worker inside that process
-(``celery.contrib.testing``).
+Each module runs with pytest in a subprocess of its own (its settings, not objq's
+``filterwarnings = error``), configured as Celery's CI configures it: ``TEST_BROKER`` is an
+objq broker URL and ``TEST_BACKEND`` objq's result backend (``objq+file://``, a folder beside
+the broker's), so nothing else runs. Celery's conftest starts the worker inside that process
+(``celery.contrib.testing``). Tests that need Redis as the result backend skip themselves.
 
 Run it by hand (pytest arguments after ``--``)::
 
-    python tests/celery_suite/celery_upstream.py -- -x -k retry
+    python tests/celery_suite/celery_upstream.py --module test_canvas -- -x -k chord
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,25 +35,32 @@ from typing import Any
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 from tests.support import upstream_sdist
 from tests.support.processes import kill
-from tests.support.servers import RedisServer, start_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 CACHE_DIR = upstream_sdist.UPSTREAM_DIR / "celery"
-#: The one upstream module this suite runs.
-MODULE = "t/integration/test_tasks.py"
+#: The upstream modules this suite runs, each in a run of its own.
+MODULES = ("t/integration/test_tasks.py", "t/integration/test_canvas.py")
+#: Modules of ``t/`` the integration tests import, unpacked where the sdist has them.
+OPTIONAL_HELPERS = ("t/canvas_helpers.py",)
 #: Per test; Celery's own marks give its slowest tests more, up to ``MAX_TEST_TIMEOUT``.
 TEST_TIMEOUT_SECONDS = 60
 #: Celery marks its flaky tests with 300 s, the whole run's budget: a hung test would then be
 #: killed with the run, and its stacks lost. Capped here, so it fails alone with a dump.
 MAX_TEST_TIMEOUT_SECONDS = 120
-RUN_TIMEOUT_SECONDS = 300
-#: Environment variable the suite's conftest writes its JSON report to.
+#: Per run of a module: test_canvas.py has ~250 tests, and Celery's manager fixture waits a
+#: second after each for the worker's inspect() replies.
+RUN_TIMEOUT_SECONDS = {"t/integration/test_tasks.py": 360, "t/integration/test_canvas.py": 1200}
+#: Into how many runs side by side a module is split (each runs every n-th test): the tests of
+#: test_canvas.py mostly wait, so two runs take half the time on the same cores.
+SHARDS = {"t/integration/test_tasks.py": 1, "t/integration/test_canvas.py": 2}
+#: Environment variables the suite's conftest reads: where to write its JSON report, and
+#: which share of the module's tests to run (``k/n``).
 REPORT_ENV = "OBJQ_SUITE_REPORT"
+SHARD_ENV = "OBJQ_SUITE_SHARD"
 #: Settings Celery's conftest merges into the app's (``integration-tests-config.json``).
 CELERY_OVERRIDES: dict[str, Any] = {
-    # Celery's default result_expires schedules a daily cleanup task in celery beat only; the
-    # worker needs nothing else objq-specific beyond the broker URL.
+    # Nothing objq-specific beyond the URLs: TEST_BROKER and TEST_BACKEND name the stores.
     "broker_transport_options": {"visibility_timeout": 30, "polling_interval": 0.1},
 }
 
@@ -83,6 +89,7 @@ def prepare_suite() -> Path:
     upstream_sdist.unpack_paths(
         sdist, f"celery-{version}", ["t/integration", "t/__init__.py"], root
     )
+    _unpack_helpers(sdist, f"celery-{version}", root)
     upstream_sdist.write_if_changed(root / "conftest.py", (HERE / "celery_conftest.py").read_text())
     upstream_sdist.write_if_changed(root / "pytest.ini", _INI)
     upstream_sdist.write_if_changed(
@@ -91,16 +98,19 @@ def prepare_suite() -> Path:
     return root
 
 
-# --- the result backend ------------------------------------------------------------------------
-
-
-@contextmanager
-def running_redis() -> Iterator[RedisServer]:
-    server = start_redis()
-    try:
-        yield server
-    finally:
-        server.stop()
+def _unpack_helpers(sdist: Path, top: str, root: Path) -> None:
+    """The modules of ``t/`` beside ``integration/`` that its tests import, in the versions
+    that have them (5.7's ``test_canvas.py`` imports ``t/canvas_helpers.py``). A suite
+    unpacked before they were needed gets them too."""
+    with tarfile.open(sdist) as archive:
+        for path in OPTIONAL_HELPERS:
+            try:
+                member = archive.getmember(f"{top}/{path}")
+            except KeyError:
+                continue
+            handle = archive.extractfile(member)
+            if handle is not None:
+                upstream_sdist.write_if_changed(root / path, handle.read().decode())
 
 
 # --- running the suite -------------------------------------------------------------------------
@@ -108,13 +118,18 @@ def running_redis() -> Iterator[RedisServer]:
 
 def run_suite(
     root: Path,
+    module: str,
     broker_url: str,
-    backend: RedisServer,
+    backend_url: str,
     report_path: Path,
+    *,
+    shard: tuple[int, int] | None = None,
     extra_args: list[str] | None = None,
 ) -> upstream_sdist.SuiteRun:
+    """Run one of ``MODULES`` with objq as Celery's broker and result backend; ``shard`` =
+    ``(k, n)`` runs every n-th of its tests from the k-th."""
     command = [
-        sys.executable, "-m", "pytest", MODULE,
+        sys.executable, "-m", "pytest", module,
         "-c", str(root / "pytest.ini"), "--rootdir", str(root),
         "-p", "celery.contrib.pytest", "-p", "no:cacheprovider",
         f"--timeout={TEST_TIMEOUT_SECONDS}", "-q", "-rfEs", "--no-header",
@@ -124,13 +139,13 @@ def run_suite(
     env = dict(os.environ)
     env.update(
         TEST_BROKER=broker_url,
-        TEST_BACKEND=backend.url,
-        # Celery's tasks module opens its own Redis connection from these.
-        REDIS_HOST="127.0.0.1",
-        REDIS_PORT=str(backend.port),
+        TEST_BACKEND=backend_url,
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
     )
     env[REPORT_ENV] = str(report_path)
+    env.pop(SHARD_ENV, None)
+    if shard is not None:
+        env[SHARD_ENV] = f"{shard[0]}/{shard[1]}"
     report_path.unlink(missing_ok=True)
     log_path = report_path.with_suffix(".log")
     started = time.monotonic()
@@ -140,29 +155,47 @@ def run_suite(
             command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
         )
         try:
-            returncode = process.wait(timeout=RUN_TIMEOUT_SECONDS)
+            returncode = process.wait(timeout=RUN_TIMEOUT_SECONDS[module])
         except subprocess.TimeoutExpired:
             returncode = kill(process)
-            log.write(f"\n(killed: the run took over {RUN_TIMEOUT_SECONDS} s)\n")
+            log.write(f"\n(killed: the run took over {RUN_TIMEOUT_SECONDS[module]} s)\n")
     seconds = time.monotonic() - started
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     output = log_path.read_text()
-    title = f"celery {report.get('celery')} {MODULE} on {broker_url}"
+    share = "" if shard is None else f" (share {shard[0]} of {shard[1]})"
+    title = (
+        f"celery {report.get('celery')} {module}{share} on {broker_url}, results on {backend_url}"
+    )
     return upstream_sdist.SuiteRun(title, returncode, seconds, report, output, command)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--module",
+        choices=[Path(module).stem for module in MODULES],
+        help="run only this module (default: each, one after the other)",
+    )
     parser.add_argument("--broker-url", help="default: objq+file:// in a temporary folder")
+    parser.add_argument("--backend-url", help="default: objq+file:// in a temporary folder")
     parser.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --)")
     args = parser.parse_args(argv)
     root = prepare_suite()
-    with tempfile.TemporaryDirectory() as scratch, running_redis() as backend:
-        broker_url = args.broker_url or f"objq+{(Path(scratch) / 'store').as_uri()}"
-        run = run_suite(root, broker_url, backend, Path(scratch) / "report.json", args.pytest_args)
-    print(run.output)
-    print(run.summary())
-    return 0 if run.ok else 1
+    modules = [m for m in MODULES if args.module in (None, Path(m).stem)]
+    runs = []
+    for module in modules:
+        with tempfile.TemporaryDirectory() as scratch:
+            broker_url = args.broker_url or f"objq+{(Path(scratch) / 'store').as_uri()}"
+            backend_url = args.backend_url or f"objq+{(Path(scratch) / 'results').as_uri()}"
+            report = Path(scratch) / "report.json"
+            run = run_suite(
+                root, module, broker_url, backend_url, report, extra_args=args.pytest_args
+            )
+        print(run.output)
+        runs.append(run)
+    for run in runs:
+        print(run.summary())
+    return 0 if all(run.ok for run in runs) else 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Real peers on 127.0.0.1: moto's S3 server, SeaweedFS, fake-gcs-server, and redis-server.
+"""Real peers on 127.0.0.1: moto's S3 server, SeaweedFS, fake-gcs-server (and redis-server for the
+benchmarks).
 
 Plain functions start and stop them (the benchmarks reuse these); the pytest fixtures below
 wrap them. A peer that cannot start fails the tests that need it: it is never skipped, so a
@@ -355,7 +356,7 @@ def _wait_until_answering(
         raise RuntimeError(str(exc)) from None
 
 
-# --- redis-server (Celery's result backend in its own suite; the anchor of the benchmarks) -------
+# --- redis-server (the anchor of the benchmarks; no test needs it) ------------------------------
 
 #: redis-server without persistence: an acknowledged write lives only in memory.
 REDIS_IN_MEMORY = ("--save", "", "--appendonly", "no")
