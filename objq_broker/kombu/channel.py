@@ -355,21 +355,23 @@ class Channel(virtual.Channel):
 
     # --- evented delivery (kombu's Hub, see objq_broker.kombu.events) ---------------------
 
-    def pump(self, poll: bool) -> None:
+    def pump(self, poll: bool) -> int:
         """Hand claimed messages to the consumers as far as the prefetch window allows, and
-        keep one claim in flight while they can take more; never blocks. ``poll``: the loop's
-        timer called, so an empty queue is claimed from again."""
+        keep one claim in flight while they can take more; never blocks; returns how many it
+        handed out. ``poll``: the loop's timer called, so an empty queue is claimed from again."""
         if self.closed or not self._consumers:
-            return
+            return 0
         window = self.window
         if poll:
             window.look_again()
+        handed_out = 0
         while True:
             room = self.qos.can_consume_max_estimate() if self.qos.can_consume() else 0
             found = window.poll(room)  # (with the window shut: gives back a hoard)
             if not found:
-                return
+                return handed_out
             self._hand_out(found)
+            handed_out += len(found)
 
     def _hand_out(self, found: list[Delivery]) -> None:
         """Deliver claimed messages to their consumers' callbacks."""

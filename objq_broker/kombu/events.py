@@ -5,8 +5,11 @@ group-commit engine, which finish on its writer thread. The transport gives the 
 of its own instead, and anything that may let a message be delivered writes one byte to it: a
 claim that committed, an ack or reject that opened the prefetch window, a new consumer. The
 loop then calls the transport, which hands out what the window allows without blocking. A
-timer repeats the same call every ``polling_interval`` so that an empty queue is looked at
-again and messages that waited too long for the window are given back.
+timer makes the same call so that an empty queue is looked at again (a message another process
+sent is only found by reading) and messages that waited too long for the window are given
+back. It fires a few milliseconds after a message was handed out, then less and less often
+(:class:`~objq_broker.consume.pacing.Pacer`) until ``polling_interval``: a worker between
+tasks finds the next one at once, an idle one costs one read per interval.
 
 With a loop, Celery runs its event-driven consumer and the asynchronous prefork pool (tasks
 go to the child processes over pipes watched by the same loop) instead of the synchronous
@@ -18,8 +21,11 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
+
+from objq_broker.consume.pacing import Pacer
 
 
 class Wakeup:
@@ -60,15 +66,38 @@ class Wakeup:
 
 
 class LoopBinding:
-    """The transport's place in one event loop: its wakeup socket and its polling timer."""
+    """The transport's place in one event loop: its wakeup socket and its polling timer.
 
-    def __init__(self, loop: Any, interval: float, pump: Callable[[bool], None]) -> None:
+    ``pump(poll)`` hands out what it can and returns how many messages it handed out."""
+
+    def __init__(self, loop: Any, interval: float, pump: Callable[[bool], int]) -> None:
         self.loop = loop
         self.wakeup = Wakeup()
         self._pump = pump
+        self._pacer = Pacer(ceiling=interval)
+        self._due = 0.0  # when the timer fires next (time.monotonic)
+        self._closed = False
         loop.add_reader(self.wakeup.fileno(), self.on_readable)
         loop.on_tick.add(self.keep_registered)
-        self._timer = loop.call_repeatedly(interval, self.on_timer)
+        self._timer: Any = None
+        self._schedule(self._pacer.next())
+
+    def _schedule(self, delay: float) -> None:
+        if self._closed:  # a timer that fired while the binding closed ends here
+            return
+        self._due = time.monotonic() + delay
+        self._timer = self.loop.call_later(delay, self.on_timer)
+
+    def _handed_out(self, count: int) -> None:
+        """Look again soon after messages moved: the next one is likely close behind."""
+        if not count:
+            return
+        self._pacer.reset()
+        soon = self._pacer.next()
+        if self._due - time.monotonic() > soon:  # the timer is far off: bring it forward
+            with contextlib.suppress(Exception):
+                self._timer.cancel()
+            self._schedule(soon)
 
     def keep_registered(self) -> None:
         """Register the socket again on every turn of the loop (a no-op while it is there).
@@ -82,13 +111,20 @@ class LoopBinding:
 
     def on_readable(self) -> None:
         self.wakeup.clear()
-        self._pump(False)
+        self._handed_out(self._pump(False))
 
     def on_timer(self) -> None:
         self.wakeup.clear()  # also ends a signal that a lost registration left pending
-        self._pump(True)
+        handed_out = 0
+        try:
+            handed_out = self._pump(True)
+        finally:  # a pump that raised must not end the polling
+            if handed_out:
+                self._pacer.reset()
+            self._schedule(self._pacer.next())
 
     def close(self) -> None:
+        self._closed = True
         self.loop.on_tick.discard(self.keep_registered)
         with contextlib.suppress(Exception):  # the loop may be closed or reset already
             self._timer.cancel()

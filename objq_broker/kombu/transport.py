@@ -237,11 +237,10 @@ class Transport(virtual.Transport):
         if binding is not None:
             binding.wakeup.signal()
 
-    def pump(self, poll: bool = False) -> None:
+    def pump(self, poll: bool = False) -> int:
         """In the loop: hand every channel's claimed messages to its consumers (``poll``: the
-        loop's timer called, so empty queues are claimed from again)."""
-        for channel in list(self.channels):
-            channel.pump(poll)
+        loop's timer called, so empty queues are claimed from again); how many it handed out."""
+        return sum(channel.pump(poll) for channel in list(self.channels))
 
     def _leave_event_loop(self) -> None:
         binding, self._binding = self._binding, None

@@ -8,6 +8,8 @@ count, never as a hang.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -78,6 +80,42 @@ def test_a_message_published_later_reaches_an_idle_consumer(connect: Any, hub: H
         publish(producer_conn, "later", 3)
         run_until(hub, lambda: len(got) == 3, within=10)
     assert got == [0, 1, 2]
+
+
+#: Publishes one message {"n": 1} to queue "paced" of the store given as argv[1].
+PUBLISH_ELSEWHERE = """
+import sys, kombu, objq_broker.kombu
+with kombu.Connection("objq+" + sys.argv[1]) as conn:
+    queue = kombu.Queue("paced", routing_key="paced")
+    kombu.Producer(conn.default_channel).publish({"n": 1}, routing_key="paced", declare=[queue])
+"""
+
+
+def test_a_consumer_that_just_had_work_finds_another_process_message_before_its_interval(
+    connect: Any, hub: Hub, store_url: str
+) -> None:
+    """A worker between tasks looks again within milliseconds, growing to the interval: a
+    message another process sends right after is not left waiting for the 10 s timer."""
+    conn = connect(visibility_timeout=30.0, polling_interval=10.0)
+    publish(conn, "paced", 1)
+    got: list[tuple[int, float]] = []
+
+    def on_message(body: Any, message: Any) -> None:
+        got.append((body["n"], time.monotonic()))
+        message.ack()
+
+    queue = kombu.Queue("paced", routing_key="paced")
+    with kombu.Consumer(conn, [queue], callbacks=[on_message]):
+        conn.register_with_event_loop(hub)
+        run_until(hub, lambda: len(got) == 1, within=10)
+        assert [n for n, _ in got] == [0]
+        # Another process publishes (its commit wakes nothing here: only a read finds it)
+        subprocess.run([sys.executable, "-c", PUBLISH_ELSEWHERE, store_url], check=True)
+        sent = time.monotonic()
+        run_until(hub, lambda: len(got) == 2, within=15)
+    assert [n for n, _ in got] == [0, 1]
+    # Found by a paced poll, not by the 10 s timer
+    assert got[1][1] - sent < 5.0, f"found {got[1][1] - sent:.2f} s after it was sent"
 
 
 def test_the_prefetch_window_bounds_deliveries_until_acks_open_it(connect: Any, hub: Hub) -> None:

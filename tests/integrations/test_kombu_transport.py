@@ -20,8 +20,10 @@ import pytest
 from kombu.transport import TRANSPORT_ALIASES
 
 from objq_broker import ConfigurationError, Queue
+from objq_broker.engine import Engine
 from objq_broker.errors import StorageError
 from objq_broker.kombu import Transport
+from objq_broker.kombu.settings import DEFAULT_MAX_STALENESS_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Short leases so expiry shows within a test; the heartbeat runs at a third of it.
@@ -355,6 +357,22 @@ def test_bad_urls_and_options_are_refused_clearly(
         conn.connect()
     if "unknown broker_transport_options" in expected:
         assert "visibility_timeout" in str(caught.value)  # the accepted ones are listed
+
+
+def test_a_consumer_reads_the_state_for_each_poll_unless_told_otherwise(store_url: str) -> None:
+    # The engine's default staleness (0.2 s) would serve polls from its cache and leave a
+    # message another process sent waiting; the transport's queue reads each time
+    def staleness(conn: kombu.Connection) -> float:
+        conn.connect()
+        engine = conn.transport.open_queue().committer
+        assert isinstance(engine, Engine)  # direct commits, the transport's default
+        return engine.max_staleness_seconds
+
+    with kombu.Connection(f"objq+{store_url}") as conn:
+        assert staleness(conn) == DEFAULT_MAX_STALENESS_SECONDS < 0.01
+    options = {"max_staleness_seconds": 0.5}
+    with kombu.Connection(f"objq+{store_url}", transport_options=options) as conn:
+        assert staleness(conn) == 0.5
 
 
 def test_a_store_that_cannot_be_opened_fails_the_connect(tmp_path: Path) -> None:
