@@ -6,7 +6,7 @@ request each time; reading at a fixed interval adds up to that interval to every
 A :class:`Pacer` does both in turn: right after something happened it looks again within a few
 milliseconds, and while nothing happens the pauses grow by a fixed factor up to a ceiling.
 Growing by ``factor`` bounds how late a change is seen: at most ``factor - 1`` of the time
-already waited (a factor of 1.5 finds a result that came after 100 ms by about 150 ms), where
+already waited (a factor of 1.25 finds a result that came after 100 ms by about 125 ms), where
 doubling would allow the whole time again.
 
 >>> pacer = Pacer(ceiling=0.02, first=0.005, factor=2.0)

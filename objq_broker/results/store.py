@@ -14,9 +14,9 @@ overwritten.
 
 Waiting: a process that stores a result wakes its own threads waiting for it at once; results
 stored by other processes are found by reading again, at intervals that start at a few
-milliseconds and grow by half each time to the caller's ``interval``
+milliseconds and grow by a quarter each time to the caller's ``interval``
 (:class:`~objq_broker.consume.pacing.Pacer`): a result that took 100 ms is in hand by about
-150 ms.
+125 ms.
 """
 
 from __future__ import annotations

@@ -119,6 +119,9 @@ def run_suite(
     env[REPORT_ENV] = str(report_path)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env.pop("OBJQ_LEASE_SECONDS", None)  # the conftest picks the lease
+    # Dramatiq skips its window and bucket rate-limiter tests where $CI is set (timing on
+    # shared runners); here they are the proof of objq's limiter backend, so they always run.
+    env.pop("CI", None)
     report_path.unlink(missing_ok=True)
     started = time.monotonic()
     done = subprocess.run(
