@@ -2,8 +2,9 @@
 
 Every command takes ``--url`` (or ``$OBJQ_URL``), ``--json`` and ``--debug``. Exit status: 0
 ok; 1 an operational error (storage unreachable, bucket missing, state corrupt, no such queue
-or job, a declined confirmation); 2 a usage error (bad option, bad URL, bad input). Errors are
-one line on stderr; ``--debug`` adds the traceback. See ``docs/cli.md``.
+or job, a declined confirmation, a missing optional install); 2 a usage error (bad option, bad
+URL, bad input). Errors are one line on stderr; ``--debug`` adds the traceback. See
+``docs/cli.md``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from objq_broker.errors import ConfigurationError, ObjqError
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 #: Global options that take a value (needed to find the command word before parsing).
 _VALUED_GLOBALS = ("--url",)
+#: Top-level modules of the spark extra (pyspark[sql] brings pyarrow and pandas), which
+#: ``objq report`` needs.
+_SPARK_MODULES = frozenset({"pyspark", "py4j", "pyarrow", "pandas", "matplotlib"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +54,7 @@ def _run(argv: list[str]) -> int:
             raise UsageError("enqueue-cmd: expected QUEUE [options] -- COMMAND [ARGS...]")
         split = argv.index("--")
         argv, tail = argv[:split], argv[split + 1 :]
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_command(argv)
     args.argv = tail
     if command == "report":
         return _report_command(args.__dict__.get("url"), tail)
@@ -81,16 +85,30 @@ def _report_command(url: str | None, rest: list[str]) -> int:
     """``objq report ...``: the Spark reports, imported only when asked for."""
     try:
         report = importlib.import_module("objq_broker.report")
+        if url:
+            os.environ["OBJQ_URL"] = url  # the report reads the store from the environment
+        status: int = report.main(rest)
     except ModuleNotFoundError as exc:
-        sys.stderr.write(
-            f"objq: error: objq report needs the Spark extra ({exc}); install it with: "
-            "pip install 'objq-broker[spark]'\n"
-        )
-        return EXIT_ERROR
-    if url:
-        os.environ["OBJQ_URL"] = url  # the report reads the store from the environment
-    status: int = report.main(rest)
+        # pandas and matplotlib are imported only once the report needs them, so a missing
+        # one surfaces from main(), not from the import above.
+        missing = _missing_module(exc)
+        if missing is None or missing.split(".")[0] not in _SPARK_MODULES:
+            raise
+        raise ConfigurationError(
+            f"objq report needs {missing.split('.')[0]}, which could not be imported (no "
+            f"module named {missing!r}); install it with: pip install 'objq-broker[spark]'"
+        ) from exc
     return status
+
+
+def _missing_module(exc: BaseException) -> str | None:
+    """The module a ModuleNotFoundError (or one it was raised from) could not find."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ModuleNotFoundError) and cause.name:
+            return cause.name
+        cause = cause.__cause__
+    return None
 
 
 def _report(exc: BaseException, debug: bool) -> int:
@@ -100,6 +118,10 @@ def _report(exc: BaseException, debug: bool) -> int:
         traceback.print_exception(exc)
     if isinstance(exc, KeyboardInterrupt):
         sys.stderr.write("objq: interrupted\n")
+        return EXIT_ERROR
+    if isinstance(exc, ConfigurationError) and isinstance(exc.__cause__, ModuleNotFoundError):
+        # An optional install is missing: the command line was right, this host is not.
+        sys.stderr.write(f"objq: {_one_line(exc)}\n")
         return EXIT_ERROR
     if isinstance(exc, UsageError | ConfigurationError):
         sys.stderr.write(f"objq: error: {_one_line(exc)}\n")

@@ -19,15 +19,17 @@ from objq_broker.storage import ObjectStore, open_store
 
 
 def open_existing(url: str) -> ObjectStore:
-    """Open ``url``, refusing a local directory that does not exist (a file store would
-    create it, and a typo would then look like an empty queue)."""
+    """Open ``url`` for a command that only reads or changes what is already stored,
+    refusing a local directory that does not exist: a file store would create it (when its
+    parent exists), and the command would then report an empty queue, or leave an empty
+    directory behind, for what is most likely a typo."""
     parts = urlsplit(url)
     if parts.scheme.lower() == "file":
         folder = Path(parts.netloc + parts.path)
         if parts.netloc + parts.path and not folder.is_dir():
             raise BucketNotFound(
                 f"file store {str(folder.absolute())!r}: expected an existing directory, "
-                "found none (objq enqueue or objq demo creates one)"
+                "found none (objq declare, enqueue, worker or demo creates one)"
             )
     return open_store(url)
 
@@ -59,7 +61,8 @@ class Context:
         return url
 
     def store(self, *, create: bool = False) -> ObjectStore:
-        """The store; a local directory must already exist unless ``create``."""
+        """The store. A local directory must already exist unless ``create``; then it is
+        created as the Python API creates it (only in an existing parent directory)."""
         if self._store is None:
             self._store = open_store(self.url) if create else open_existing(self.url)
         return self._store

@@ -246,9 +246,11 @@ def cmd_worker(ctx: Context) -> int:
             f"worker: expected --prefetch >= 0 and --timeout > 0, found {a.prefetch} and "
             f"{a.timeout}"
         )
-    ctx.snapshot()
-    queue = ctx.queue(serves=True)
-    queue.declare(a.queue)  # a worker may well start before the first job is enqueued
+    # A worker may well start before the first job is enqueued: it declares the queue, and
+    # creates a missing directory as Dramatiq and Celery workers on the same URL do.
+    ctx.snapshot(create=True)
+    queue = ctx.queue(create=True, serves=True)
+    queue.declare(a.queue)
     worker = CommandWorker(
         queue,
         a.queue,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from objq_broker.cli import inspect, operate
 
@@ -16,13 +16,45 @@ GLOBAL_HELP = """
 exit status: 0 ok, 1 operational error (storage, missing queue or job, cancelled), 2 usage error.
 """
 JOB_STATES = ["ready", "delayed", "in-flight", "dead"]
+#: Help of ``--url`` for every command but the demo.
+URL_HELP = "store URL (default: $OBJQ_URL)"
+#: The demo's ``--url``: it never reads $OBJQ_URL, as it empties its queue before it starts.
+DEMO_URL_HELP = (
+    "store URL (default: ./objq-data; $OBJQ_URL is not used, so the demo never empties "
+    "a real queue by accident)"
+)
 
 
-def _common() -> argparse.ArgumentParser:
+class CommandParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr, exit status 2.
+
+    argparse prints the usage block and then the error; the ``objq`` promise is one line per
+    error, so the line names the help to read instead of repeating the usage.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.refuse(message, self.prog)
+
+    def refuse(self, message: str, command: str) -> NoReturn:
+        """Exit 2 with ``message`` on one line, pointing at ``command --help``."""
+        root = self.prog.split()[0]
+        self.exit(2, f"{root}: error: {' '.join(message.split())}; see {command} --help\n")
+
+    def parse_command(self, argv: list[str]) -> argparse.Namespace:
+        """``parse_args``, but an unknown option names the help of the command it was given
+        to (argparse reports it from the top-level parser, which only knows ``objq --help``)."""
+        args, unknown = self.parse_known_args(argv)
+        if unknown:
+            command: str = getattr(args, "command_prog", self.prog)
+            self.refuse(f"unrecognized arguments: {' '.join(unknown)}", command)
+        return args
+
+
+def _common(url_help: str = URL_HELP) -> argparse.ArgumentParser:
     # SUPPRESS: an option given before the command is not reset by the command's own parser.
     common = argparse.ArgumentParser(add_help=False)
     s = argparse.SUPPRESS
-    common.add_argument("--url", default=s, help="store URL (default: $OBJQ_URL)")
+    common.add_argument("--url", default=s, help=url_help)
     common.add_argument("--json", action="store_true", default=s, help="JSON output for scripts")
     common.add_argument("--debug", action="store_true", default=s, help="tracebacks on errors")
     common.add_argument(
@@ -31,9 +63,9 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CommandParser:
     common = _common()
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="objq",
         description="Inspect and operate objq queues, run command jobs, and run the demo.",
         epilog=GLOBAL_HELP,
@@ -43,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     from objq_broker import __version__
 
     parser.add_argument("--version", action="version", version=f"objq {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=CommandParser
+    )
     _reading_commands(commands, common)
     _writing_commands(commands, common)
     _running_commands(commands, common)
@@ -56,13 +90,14 @@ def _add(
     sub: argparse.ArgumentParser = group.add_parser(
         name, help=help_text, description=help_text, parents=[common]
     )
-    sub.set_defaults(handler=handler)
+    # The innermost command's defaults win, so command_prog names the help to point at.
+    sub.set_defaults(handler=handler, command_prog=sub.prog)
     return sub
 
 
 def _group(commands: Any, common: argparse.ArgumentParser, name: str, help_text: str) -> Any:
     return _add(commands, common, name, _missing, help_text).add_subparsers(
-        dest="action", metavar="ACTION", required=True
+        dest="action", metavar="ACTION", required=True, parser_class=CommandParser
     )
 
 
@@ -176,7 +211,9 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         help="how long the broker may be unreachable before a standby takes over (5)",
     )
 
-    sub = _add(commands, common, "demo", demo.cmd_demo, "a few thousand jobs, start to end")
+    # The demo's own --url help: it defaults to ./objq-data, never to $OBJQ_URL.
+    demo_common = _common(DEMO_URL_HELP)
+    sub = _add(commands, demo_common, "demo", demo.cmd_demo, "a few thousand jobs, start to end")
     sub.add_argument("--jobs", type=_positive, default=demo.DEFAULT_JOBS)
     sub.add_argument("--workers", type=_positive, default=demo.DEFAULT_WORKERS)
     _add(commands, common, "report", _missing, "reports over the archive (objq-broker[spark])")

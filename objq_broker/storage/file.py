@@ -108,7 +108,8 @@ def _mtime_of(version: str) -> int:
 
 
 class FileStore(LocalStoreOps):
-    """Objects as files under ``root``.
+    """Objects as files under ``root``, which is created if it is missing and its parent
+    directory exists; a missing parent raises :class:`~objq_broker.errors.BucketNotFound`.
 
     >>> import tempfile
     >>> store = FileStore(tempfile.mkdtemp())
@@ -120,9 +121,35 @@ class FileStore(LocalStoreOps):
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self._root = Path(root).absolute()
         self._fsync = fsync
+        self._make_root()
         try:
             for folder in (TMP_DIR, LOCK_DIR):
-                (self._root / folder).mkdir(parents=True, exist_ok=True)
+                (self._root / folder).mkdir(exist_ok=True)
+        except OSError as exc:
+            raise self._translate(exc, "") from exc
+
+    def _make_root(self) -> None:
+        """Create the root if it is missing, but not its parent.
+
+        One level is what a new queue needs (``./objq-data``, ``/var/lib/objq``); a missing
+        parent is far more often a mistyped path (``/var/lib/objqq/prod``) than a wish for a
+        tree of new folders, and a store created there would look like an empty queue.
+        """
+        try:
+            self._root.mkdir(exist_ok=True)
+        except FileNotFoundError as exc:
+            missing = self._root.parent  # name the outermost folder that is not there
+            while missing.parent != missing and not missing.parent.exists():
+                missing = missing.parent
+            raise BucketNotFound(
+                f"file store {str(self._root)!r}: expected an existing directory, or one to "
+                f"create in an existing directory; found no directory {str(missing)!r} "
+                "(create it first if the path is right)"
+            ) from exc
+        except FileExistsError as exc:  # mkdir(exist_ok=True) still refuses a file
+            raise StorageError(
+                f"file store {str(self._root)!r}: expected a directory, found a file"
+            ) from exc
         except OSError as exc:
             raise self._translate(exc, "") from exc
 

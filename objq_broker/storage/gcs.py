@@ -55,7 +55,10 @@ try:
     from google.cloud import storage
     from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
     from google.cloud.storage.retry import DEFAULT_RETRY
-except ModuleNotFoundError as exc:  # the adapter module is the boundary of the optional extra
+except ImportError as exc:  # the adapter module is the boundary of the optional extra
+    # ImportError, not only ModuleNotFoundError: without google-cloud-storage, but with another
+    # google-cloud library installed, google.cloud is a namespace package and
+    # `from google.cloud import storage` fails with a plain ImportError.
     raise ModuleNotFoundError(
         f"the GCS store needs google-cloud-storage>=3 ({exc}); "
         "install it with: pip install 'objq-broker[gcs]'",

@@ -40,7 +40,8 @@ try:
     import boto3
     import botocore.exceptions
     from botocore.config import Config
-except ModuleNotFoundError as exc:  # the adapter module is the boundary of the optional extra
+except ImportError as exc:  # the adapter module is the boundary of the optional extra
+    # ImportError, not only ModuleNotFoundError: a partial or broken install fails that way.
     raise ModuleNotFoundError(
         f"the S3 store needs boto3 ({exc}); install it with: pip install 'objq-broker[s3]'",
         name=exc.name,

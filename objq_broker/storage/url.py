@@ -3,7 +3,8 @@
 Accepted forms::
 
     memory://NAME                      in-process, shared by name within one process
-    file:///abs/dir                    a local directory (created if missing)
+    file:///abs/dir                    a local directory (created if missing, but only in an
+                                       existing parent directory: see FileStore)
     file://relative/dir                a directory relative to the working directory
     s3://bucket/prefix?region=R&endpoint_url=http://127.0.0.1:9000
     gs://bucket/prefix                 (endpoint_url=... or STORAGE_EMULATOR_HOST for emulators)
@@ -38,6 +39,12 @@ _OPTIONS: dict[str, dict[str, Callable[[str], Any]]] = {
         "max_attempts": int,
     },
     "gs": {"client": str, "project": str, "endpoint_url": str, "timeout": float},
+}
+
+#: Per cloud scheme: the distribution its adapter imports, and the extra that installs it.
+_SDKS: dict[str, tuple[str, str]] = {
+    "s3": ("boto3", "s3"),
+    "gs": ("google-cloud-storage", "gcs"),
 }
 
 _memory_stores: dict[str, MemoryStore] = {}
@@ -90,6 +97,16 @@ def _collect_options(
     return options
 
 
+def _missing_sdk(scheme: str, exc: ModuleNotFoundError) -> ConfigurationError:
+    """The error for a URL whose adapter's SDK is not installed: a setup to fix, not a bug."""
+    package, extra = _SDKS[scheme]
+    found = exc.__cause__ or exc  # the SDK's own import error, under the adapter's advice
+    return ConfigurationError(
+        f"{scheme}:// needs {package}, which could not be imported ({found}); "
+        f"install it with: pip install 'objq-broker[{extra}]'"
+    )
+
+
 def _bucket_and_prefix(netloc: str, path: str, url: str) -> tuple[str, str]:
     if not netloc:
         raise ConfigurationError(f"storage URL {url!r}: expected a bucket name after '://'")
@@ -122,10 +139,16 @@ def open_store(url: str, **options: Any) -> ObjectStore:
 
         return FileStore(Path(raw), **opts)
     bucket, prefix = _bucket_and_prefix(parts.netloc, parts.path, url)
+    # The adapter modules raise ModuleNotFoundError when their SDK is missing (importing one
+    # directly should fail as any import does); a URL that needs it is a configuration error.
     if scheme == "s3":
-        from objq_broker.storage.s3 import S3Store
-
+        try:
+            from objq_broker.storage.s3 import S3Store
+        except ModuleNotFoundError as exc:
+            raise _missing_sdk(scheme, exc) from exc
         return S3Store(bucket, prefix, **opts)
-    from objq_broker.storage.gcs import GCSStore
-
+    try:
+        from objq_broker.storage.gcs import GCSStore
+    except ModuleNotFoundError as exc:
+        raise _missing_sdk(scheme, exc) from exc
     return GCSStore(bucket, prefix, **opts)

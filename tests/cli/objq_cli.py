@@ -94,6 +94,17 @@ def run_objq(
         os.close(leader)
 
 
+def one_line_error(result: Result, status: int, *fragments: str) -> None:
+    """Assert that ``result`` failed with ``status`` and one ``objq: ...`` line on stderr
+    holding every fragment."""
+    assert result.code == status, (result.code, result.stderr)
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("objq: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
 #: The ``objq`` fixture: ``objq(*args, url=..., stdin=None, cwd=None, tty_answer=None)``.
 Objq = Callable[..., Result]
 

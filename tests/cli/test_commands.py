@@ -195,6 +195,19 @@ def test_demo_and_its_module_alias(objq: Objq, tmp_path: Path) -> None:
     assert (demo["ready"], demo["delayed"], demo["in_flight"], demo["dead"]) == (0, 0, 0, 3)
 
 
+def test_demo_help_names_its_own_default(objq: Objq) -> None:
+    # The demo empties its queue, so it never uses $OBJQ_URL; its help must not promise it
+    helped = objq("demo", "--help", url=None)
+    assert helped.code == 0, helped.stderr
+    text = " ".join(helped.stdout.split())  # argparse wraps the help text
+    assert "--url URL store URL (default: ./objq-data;" in text
+    assert "default: $OBJQ_URL" not in text
+
+    # Every other command still defaults to $OBJQ_URL
+    other = " ".join(objq("status", "--help", url=None).stdout.split())
+    assert "--url URL store URL (default: $OBJQ_URL)" in other
+
+
 def test_status_watch_refreshes_until_interrupted(file_url: str, children: Children) -> None:
     declared = subprocess.run(
         [*objq_command(), "declare", "w"], check=False, env=environment(file_url)

@@ -10,16 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.objq_cli import Objq, Result
-
-
-def one_line_error(result: Result, status: int, *fragments: str) -> None:
-    assert result.code == status, (result.code, result.stderr)
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("objq: "), result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
+from tests.cli.objq_cli import Objq, one_line_error
 
 
 @pytest.mark.parametrize(
@@ -91,6 +82,28 @@ def test_bad_input(
 ) -> None:
     assert objq("declare", "q", url=file_url).code == 0
     one_line_error(objq(*args, url=file_url), status, *fragments)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["bogus"], ["invalid choice: 'bogus' (choose from 'status',", "; see objq --help"]),
+        (["status", "--bogus"], ["unrecognized arguments: --bogus", "see objq status --help"]),
+        (["jobs", "list", "q", "--bogus"], ["--bogus", "see objq jobs list --help"]),
+        (["--bogus", "status"], ["unrecognized arguments: --bogus"]),
+        (["demo", "--jobs", "0"], ["--jobs: expected 1 or more, found 0", "objq demo --help"]),
+        (["jobs"], ["arguments are required: ACTION", "see objq jobs --help"]),
+        ([], ["arguments are required: COMMAND", "see objq --help"]),
+    ],
+)
+def test_usage_errors_are_one_line(
+    objq: Objq, file_url: str, args: list[str], fragments: list[str]
+) -> None:
+    # argparse's own form is two lines (the usage, then the error); objq promises one
+    result = objq(*args, url=file_url)
+
+    one_line_error(result, 2, "objq: error: ", *fragments)
+    assert "usage:" not in result.stderr
 
 
 def test_usage_errors_exit_2(objq: Objq, file_url: str) -> None:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from objq_broker.errors import ConfigurationError, InvalidKey, PreconditionFailed
+from objq_broker.errors import (
+    BucketNotFound,
+    ConfigurationError,
+    InvalidKey,
+    PreconditionFailed,
+    StorageError,
+)
 from objq_broker.storage import MemoryStore, open_store
 from objq_broker.storage.file import LOCK_DIR, TMP_DIR, FileStore
 
@@ -50,9 +57,41 @@ def test_memory_urls_share_a_store_by_name() -> None:
 
 def test_relative_file_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
     store = open_store("file://data/objq")
     store.put("k", b"v")
     assert (tmp_path / "data" / "objq" / "k").read_bytes() == b"v"
+
+
+def test_file_store_creates_its_directory_only_in_an_existing_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One missing level is created: a new queue's directory
+    FileStore(tmp_path / "new")
+    assert (tmp_path / "new" / TMP_DIR).is_dir()
+
+    # A missing parent is refused, naming the outermost folder that is not there
+    with pytest.raises(BucketNotFound) as refused:
+        FileStore(tmp_path / "typo" / "deeper" / "objq")
+    assert str(refused.value) == (
+        f"file store '{tmp_path / 'typo' / 'deeper' / 'objq'}': expected an existing directory, "
+        f"or one to create in an existing directory; found no directory '{tmp_path / 'typo'}' "
+        "(create it first if the path is right)"
+    )
+    assert not (tmp_path / "typo").exists()
+
+    # A relative URL is resolved first, so the message names the absolute path
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BucketNotFound, match=re.escape(f"no directory '{tmp_path / 'data'}'")):
+        open_store("file://data/objq")
+
+
+def test_file_store_root_that_is_not_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StorageError, match="expected a directory, found a file"):
+        FileStore(tmp_path / "file")
+    with pytest.raises(StorageError, match="Not a directory"):
+        FileStore(tmp_path / "file" / "objq")
 
 
 def test_file_keys_stay_inside_the_root(tmp_path: Path) -> None:
