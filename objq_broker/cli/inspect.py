@@ -13,7 +13,7 @@ import msgspec
 from objq_broker.cli.context import Context
 from objq_broker.cli.output import UsageError, age, print_json, size, table, when
 from objq_broker.cli.render import job_dict, payload_fields, payload_preview
-from objq_broker.engine.snapshot import Snapshot
+from objq_broker.engine.snapshot import ACTIVE_CLIENT_SECONDS, Snapshot
 from objq_broker.errors import JobNotFound
 from objq_broker.model import durations
 from objq_broker.model.records import Job, QueueConfig
@@ -57,10 +57,6 @@ def status_dict(snap: Snapshot) -> dict[str, Any]:
         "broker": _broker_dict(snap),
         "queues": queues,
     }
-
-
-#: ``objq status`` counts the broker clients that committed something this recently.
-ACTIVE_CLIENT_SECONDS = 600.0
 
 
 def _broker_dict(snap: Snapshot) -> dict[str, Any] | None:

@@ -189,7 +189,7 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     sub.add_argument("--timeout", metavar="SECONDS", help="for jobs that set none")
     sub.add_argument("--burst", action="store_true", help="exit once the queue is empty")
 
-    from objq_broker.cli import broker, demo
+    from objq_broker.cli import broker, demo, exporter
 
     sub = _add(
         commands, common, "broker", broker.cmd_broker, "commit for other processes (or stand by)"
@@ -209,6 +209,17 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="how long the broker may be unreachable before a standby takes over (5)",
+    )
+
+    sub = _add(
+        commands, common, "exporter", exporter.cmd_exporter, "serve Prometheus metrics of the store"
+    )
+    sub.add_argument(
+        "--listen",
+        type=exporter.listen_address,
+        default=exporter.DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"where to serve /metrics ({exporter.DEFAULT_LISTEN}); other hosts need 0.0.0.0:PORT",
     )
 
     # The demo's own --url help: it defaults to ./objq-data, never to $OBJQ_URL.

@@ -33,6 +33,10 @@ RUN_READ_TRIES = 5
 #: Which runs a listing needs, from the state it reads them for.
 _Needs = Callable[[QueueState], list[tuple[str, RunRef]]]
 
+#: Broker clients that committed this recently count as active: one quiet for longer is most
+#: likely gone (what ``objq status`` and the metrics report).
+ACTIVE_CLIENT_SECONDS = 600.0
+
 
 @dataclass
 class Snapshot:
@@ -77,7 +81,7 @@ class Snapshot:
         """The elected broker holding the namespace, if any."""
         return self._state.doc.broker
 
-    def broker_clients(self, within_seconds: float) -> int:
+    def broker_clients(self, within_seconds: float = ACTIVE_CLIENT_SECONDS) -> int:
         """How many broker clients changed the state within the last ``within_seconds``."""
         cutoff = self.read_at - within_seconds
         return sum(1 for mark in self._state.doc.sessions.values() if mark.at >= cutoff)

@@ -1,0 +1,78 @@
+"""``objq exporter``: Prometheus metrics of a whole store, served at ``/metrics``.
+
+Every scrape reads the store once, as ``objq status`` does (it never writes, and takes no part
+in the broker election): jobs per queue and state, the oldest ready job's age, the state's
+commit counter, size and last commit. A scrape whose read fails answers ``objq_up 0`` (and
+counts ``objq_scrape_errors_total``) and logs one line; the exporter keeps serving, and the
+next scrape reads again. It runs until SIGTERM or SIGINT, then exits 0.
+
+It listens on loopback unless told otherwise, as ``objq broker`` does: the endpoint has no
+authentication and names every queue of the store, so serving it to other hosts is a choice
+(``--listen 0.0.0.0:7701``). Port 7701 sits next to ``objq broker``'s 7700; not 9464, the
+default of the OpenTelemetry Prometheus exporter, which a Python worker on the same host may
+already serve (the exporter range 9100-9999 of Prometheus's port list is fully allocated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+
+from objq_broker.cli.context import Context
+from objq_broker.errors import ConfigurationError
+
+#: Where ``objq exporter`` serves unless ``--listen`` says otherwise.
+DEFAULT_LISTEN = "127.0.0.1:7701"
+#: How often the waiting main thread looks at its stop flag (a signal also wakes it).
+STOP_CHECK_SECONDS = 1.0
+#: The top-level module of the ``metrics`` extra.
+_PROMETHEUS_MODULE = "prometheus_client"
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """``(host, port)`` from ``HOST:PORT`` or ``[IPv6]:PORT``; an argparse type."""
+    host, _, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(
+            f"expected HOST:PORT (127.0.0.1:7701, 0.0.0.0:7701, [::1]:7701), found {text!r}"
+        )
+    return host, int(port)
+
+
+def cmd_exporter(ctx: Context) -> int:
+    try:
+        from objq_broker import metrics
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != _PROMETHEUS_MODULE:
+            raise
+        raise ConfigurationError(
+            f"objq exporter needs {_PROMETHEUS_MODULE}, which could not be imported "
+            f"({exc.__cause__ or exc}); install it with: pip install 'objq-broker[metrics]'"
+        ) from exc
+    logging.basicConfig(format="objq exporter: %(message)s", level=logging.INFO)
+    stop = threading.Event()
+    # Before listening: a SIGTERM from a supervisor that starts and stops at once still
+    # ends the exporter cleanly, with status 0.
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: stop.set())
+    host, port = ctx.args.listen
+    store = ctx.store()
+    try:
+        server = metrics.MetricsServer.start(metrics.exporter_registry(store), host, port)
+    except OSError as exc:  # taken, not an address of this host, or a name that resolves to none
+        raise OSError(exc.errno, exc.strerror or str(exc), f"--listen {host}:{port}") from exc
+    try:
+        ctx.emit(
+            {"event": "serving", "url": store.url, "metrics": server.url},
+            f"objq exporter: serving the metrics of {store.url} at {server.url}",
+        )
+        while not stop.wait(STOP_CHECK_SECONDS):
+            pass
+    finally:
+        server.stop()
+    ctx.emit({"event": "stopped", "url": store.url}, "objq exporter: stopped")
+    return 0

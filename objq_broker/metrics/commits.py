@@ -1,0 +1,128 @@
+"""``CommitCollector``: one process's own commit counters (``Queue.metrics()``).
+
+These are counted by the process that commits (or, through the namespace's broker, sends) the
+operations, since it started; no other process can see them, so they are exposed from that
+process. The engine keeps sums, not distributions: the mean commit time is
+``rate(objq_engine_commit_seconds_total) / rate(objq_engine_batches_total)`` (when the process
+commits itself), and there is no histogram to invent one from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
+
+from objq_broker.errors import ConfigurationError
+from objq_broker.metrics.families import Family
+from objq_broker.queue import Queue
+
+#: The ``store`` label: which namespace a process's counters are about (a process may hold
+#: queues on several).
+STORE_LABEL = ("store",)
+
+#: Each field of ``Queue.metrics()`` and the family it is exposed as.
+ENGINE_FAMILIES: dict[str, Family] = {
+    "ops": Family(
+        "objq_engine_operations_total",
+        "counter",
+        "Operations this process submitted whose batch was committed or failed.",
+        STORE_LABEL,
+    ),
+    "batches": Family(
+        "objq_engine_batches_total",
+        "counter",
+        "Batches of operations this process committed, or sent to the namespace's broker.",
+        STORE_LABEL,
+    ),
+    "state_writes": Family(
+        "objq_engine_state_writes_total",
+        "counter",
+        "Conditional writes of the state object that succeeded (the storage bill's PUTs).",
+        STORE_LABEL,
+    ),
+    "state_reads": Family(
+        "objq_engine_state_reads_total",
+        "counter",
+        "Reads of the state object by this process's commit loop.",
+        STORE_LABEL,
+    ),
+    "archive_writes": Family(
+        "objq_engine_archive_writes_total",
+        "counter",
+        "Archive objects written (finished and dead jobs leaving the state).",
+        STORE_LABEL,
+    ),
+    "bodies_writes": Family(
+        "objq_engine_bodies_writes_total",
+        "counter",
+        "Bodies objects written (payloads too large to keep in the state).",
+        STORE_LABEL,
+    ),
+    "conflicts": Family(
+        "objq_engine_conflicts_total",
+        "counter",
+        "Conditional writes lost to another writer, each followed by a re-read and a retry.",
+        STORE_LABEL,
+    ),
+    "storage_errors": Family(
+        "objq_engine_storage_errors_total",
+        "counter",
+        "Storage errors met while committing (retried until the commit deadline).",
+        STORE_LABEL,
+    ),
+    "runs_merged": Family(
+        "objq_engine_runs_merged_total",
+        "counter",
+        "Small runs of a backlog merged into larger ones.",
+        STORE_LABEL,
+    ),
+    "commit_seconds_total": Family(
+        "objq_engine_commit_seconds_total",
+        "counter",
+        "Time spent committing batches, retries included.",
+        STORE_LABEL,
+        unit="seconds",
+    ),
+    "max_batch_ops": Family(
+        "objq_engine_largest_batch_operations",
+        "gauge",
+        "Operations in the largest batch since this process started.",
+        STORE_LABEL,
+    ),
+}
+
+
+class CommitCollector:
+    """Exposes the commit counters of this process's queues, one ``store`` label each.
+
+    For an ``AsyncQueue`` pass its ``.sync`` queue; for Dramatiq's ``ObjqBroker``, its
+    ``.client``.
+
+    >>> from prometheus_client import CollectorRegistry, generate_latest
+    >>> with Queue("memory://commit-collector-doc") as queue:
+    ...     registry = CollectorRegistry()
+    ...     registry.register(CommitCollector(queue))
+    ...     _ = queue.enqueue("emails", b"hi")
+    ...     b'objq_engine_batches_total{store="memory://commit-collector-doc"} 1.0' in (
+    ...         generate_latest(registry)
+    ...     )
+    True
+    """
+
+    def __init__(self, *queues: Queue) -> None:
+        urls = [queue.store.url for queue in queues]
+        if len(set(urls)) != len(urls):
+            raise ConfigurationError(
+                f"CommitCollector: expected one queue per store (the store is the label that "
+                f"tells them apart), found {sorted(urls)}"
+            )
+        self.queues = queues
+
+    def describe(self) -> list[Metric]:
+        return [family.build() for family in ENGINE_FAMILIES.values()]
+
+    def collect(self) -> Iterator[Metric]:
+        counts = [(queue.store.url, queue.metrics().snapshot()) for queue in self.queues]
+        for field, family in ENGINE_FAMILIES.items():
+            yield family.build(((url,), values[field]) for url, values in counts)
