@@ -65,6 +65,7 @@ from objq_broker.model.ops import (
     TakeBroker,
 )
 from objq_broker.model.records import BrokerRecord, Job
+from objq_broker.model.tally import job_events
 from objq_broker.storage.base import ObjectStore
 
 T = TypeVar("T")
@@ -166,9 +167,11 @@ class ElectedCommitter:
         """Sessions and operations this process sent, with the storage requests of the engines
         it committed them with (as the broker, those include other processes' sessions)."""
         total = EngineMetrics(ops=self._sent.ops, batches=self._sent.batches)
+        total.add_job_events(self._sent)
         engines = [*self._retired, self._leader, self._direct]
         for engine in (e for e in engines if e is not None):
             counts = engine.metrics
+            total.expired += counts.expired  # the leases its commits expired on their own
             total.state_writes += counts.state_writes
             total.state_reads += counts.state_reads
             total.archive_writes += counts.archive_writes
@@ -235,6 +238,7 @@ class ElectedCommitter:
         if not ok:
             raise value
         found: list[Job] = value
+        self._sent.count({"claimed": len(found)})
         return found
 
     def _claim_once(self, session: Session, end: float) -> Outcomes | None:
@@ -328,6 +332,7 @@ class ElectedCommitter:
                 outcomes = [(False, exc)] * len(live)
             self._sent.batches += 1
             self._sent.ops += len(live)
+            self._count_job_events(live, outcomes)
             with self._cv:
                 self._in_flight = 0
                 self._expected = self._callers
@@ -339,6 +344,18 @@ class ElectedCommitter:
                     else:
                         future.set_exception(value)
             self._notify()
+
+    def _count_job_events(
+        self, live: list[tuple[Op[Any], Future[Any]]], outcomes: Outcomes
+    ) -> None:
+        """Count what this client's operations did to jobs, from the outcomes the broker (or
+        a direct commit) gave back. Never fails a session that was answered."""
+        try:
+            for (op, _), (ok, value) in zip(live, outcomes, strict=False):
+                if ok:
+                    self._sent.count(job_events(op, value))
+        except Exception:
+            log.exception("counting a session's job events failed")
 
     def _linger(self) -> None:
         """Let a session fill before sending it (called holding ``_cv``). As many callers had

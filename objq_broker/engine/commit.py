@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -56,7 +56,7 @@ from objq_broker.errors import (
 )
 from objq_broker.model.backoff import backoff_seconds
 from objq_broker.model.bodies import bodies_key, encode_bodies
-from objq_broker.model.ops import Claim, Nothing, Op, runs_needed
+from objq_broker.model.ops import Claim, Nothing, Op, Session, runs_needed
 from objq_broker.model.records import (
     RECENT_COMMITS,
     ArchiveRecord,
@@ -67,6 +67,7 @@ from objq_broker.model.records import (
 )
 from objq_broker.model.runs import MAX_RUN_JOBS, RUNS_PREFIX, orphan_runs, run_key
 from objq_broker.model.state import Finished, QueueState
+from objq_broker.model.tally import JOB_EVENTS, job_events
 from objq_broker.storage.base import ObjectStore
 
 T = TypeVar("T")
@@ -131,9 +132,27 @@ class EngineMetrics:
     runs_merged: int = 0
     max_batch_ops: int = 0
     commit_seconds_total: float = 0.0
+    # What this process's operations did to jobs (``model.tally``), and the leases its
+    # commits expired.
+    enqueued: int = 0
+    claimed: int = 0
+    acked: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    released: int = 0
+    expired: int = 0
 
     def snapshot(self) -> dict[str, float]:
         return dict(self.__dict__)
+
+    def count(self, events: Mapping[str, int]) -> None:
+        """Add job events (names of :data:`~objq_broker.model.tally.JOB_EVENTS`)."""
+        for name, n in events.items():
+            setattr(self, name, getattr(self, name) + n)
+
+    def add_job_events(self, other: EngineMetrics) -> None:
+        """Add ``other``'s job events to these."""
+        self.count({name: getattr(other, name) for name in JOB_EVENTS})
 
 
 @dataclass(slots=True)
@@ -157,6 +176,8 @@ class _Attempt:
     written: list[str] = field(default_factory=list)
     #: What each of those objects holds, so a retry that would write the same reuses it.
     contents: dict[str, object] = field(default_factory=dict)
+    #: Leases this try's state expired on its own (beside what its operations did).
+    expired: int = 0
 
 
 class Engine:
@@ -505,11 +526,23 @@ class Engine:
         """``landed`` is the try whose state is stored: resolve its results, and delete what
         the other tries wrote ahead of theirs (none of them can land on top of it)."""
         self._resolve(landed.results)
+        self._tally(landed)
         kept = set(landed.written)
         orphans = {key for a in self._failed_tries for key in a.written} - kept
         for key in sorted(orphans):
             self._delete_quietly(key, "orphan object")
         self._failed_tries = []
+
+    def _tally(self, landed: _Attempt) -> None:
+        """Count what the landed try did to jobs. A broker's sessions are left out: each
+        client counts its own operations from the outcomes it gets back."""
+        try:
+            self.metrics.count({"expired": landed.expired})
+            for op, ok, value in landed.results:
+                if ok and not isinstance(op.op, Session):
+                    self.metrics.count(job_events(op.op, value))
+        except Exception:  # a counter must never fail a commit that landed
+            log.exception("counting a commit's job events failed")
 
     def _deadline_error(self, exc: Exception, tries: int) -> ObjqError:
         what = (
@@ -569,8 +602,8 @@ class Engine:
                 ops.remove(op)
                 self._invalidate()
                 return None
-        state.expire(now)
-        return _Attempt(uuid.uuid4().hex, results, finished=list(state.finished))
+        expired = state.expire(now)
+        return _Attempt(uuid.uuid4().hex, results, finished=list(state.finished), expired=expired)
 
     def _read_runs(self, state: QueueState, ops: list[_Op], now: float) -> None:
         """Read the runs ``ops`` may take from or look into, so the model stays pure. The

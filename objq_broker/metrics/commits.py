@@ -84,6 +84,43 @@ ENGINE_FAMILIES: dict[str, Family] = {
         STORE_LABEL,
         unit="seconds",
     ),
+    "enqueued": Family(
+        "objq_jobs_enqueued_total",
+        "counter",
+        "Jobs this process enqueued (an enqueue answered by a live idempotency key not counted).",
+        STORE_LABEL,
+    ),
+    "claimed": Family(
+        "objq_jobs_claimed_total", "counter", "Jobs this process claimed (leased).", STORE_LABEL
+    ),
+    "acked": Family(
+        "objq_jobs_acked_total", "counter", "Jobs this process acknowledged as done.", STORE_LABEL
+    ),
+    "retried": Family(
+        "objq_jobs_retried_total",
+        "counter",
+        "Jobs this process nacked that went back to their queue for another attempt.",
+        STORE_LABEL,
+    ),
+    "dead_lettered": Family(
+        "objq_jobs_dead_lettered_total",
+        "counter",
+        "Jobs this process nacked that became dead letters (attempts spent, or no retry).",
+        STORE_LABEL,
+    ),
+    "released": Family(
+        "objq_jobs_released_total",
+        "counter",
+        "Jobs this process gave back unprocessed, without counting an attempt.",
+        STORE_LABEL,
+    ),
+    "expired": Family(
+        "objq_leases_expired_total",
+        "counter",
+        "Leases that ran out unextended (their holder died or stalled) and were given back by "
+        "this process's commits, as their queue's broker or by an Expire.",
+        STORE_LABEL,
+    ),
     "max_batch_ops": Family(
         "objq_engine_largest_batch_operations",
         "gauge",

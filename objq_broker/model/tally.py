@@ -1,0 +1,50 @@
+"""What an operation did to jobs, counted from its result: the numbers behind a process's
+``enqueued``, ``claimed``, ``acked``, ``retried``, ``dead_lettered`` and ``released`` counters.
+
+Counted from results, not from the calls: an enqueue whose idempotency key was live returns the
+earlier job and counts nothing, a claim counts the jobs it leased, and a nack counts as a retry
+or a dead letter by what the state decided. An ``Expire`` operation counts the leases it
+expired; the leases a commit expires on its own (most of them) are counted by the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from objq_broker.model.ops import (
+    Ack,
+    Claim,
+    Enqueue,
+    EnqueueRuns,
+    EnqueueStaged,
+    Expire,
+    Nack,
+    Release,
+)
+
+#: The job events counted, in the order they are reported.
+JOB_EVENTS = ("enqueued", "claimed", "acked", "retried", "dead_lettered", "released", "expired")
+
+
+def job_events(op: object, result: Any) -> dict[str, int]:
+    """The job events of ``op``, which committed with ``result``; empty for operations that
+    change no job (declarations, reads, heartbeats, broker records)."""
+    match op:
+        case Enqueue():
+            # A live idempotency key answers with the earlier job, whose id is not the new one.
+            # (Not strict: counting must never fail a commit that landed.)
+            pairs = zip(op.items, result, strict=False)
+            return {"enqueued": sum(job.id == new.id for new, job in pairs)}
+        case EnqueueStaged() | EnqueueRuns():
+            return {"enqueued": result or 0}  # None: this write id was committed before
+        case Claim():
+            return {"claimed": len(result)}
+        case Ack():
+            return {"acked": 1}
+        case Nack():
+            return {"dead_lettered": 1} if result == "dead" else {"retried": 1}
+        case Release():
+            return {"released": sum(bool(done) for done in result)}
+        case Expire():
+            return {"expired": result}
+    return {}
