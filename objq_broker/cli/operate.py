@@ -225,6 +225,24 @@ def cmd_purge(ctx: Context) -> int:
     return 0
 
 
+def cmd_queue_delete(ctx: Context) -> int:
+    name = ctx.args.queue
+    stats = ctx.snapshot().stats(name)  # an unknown queue stops here, with its one-line error
+    jobs = stats.ready + stats.delayed + stats.in_flight + stats.dead
+    confirm(
+        f"delete queue {name!r}, its settings and its {jobs} jobs ({stats.in_flight} in flight, "
+        f"{stats.dead} dead) for good?",
+        yes=ctx.yes,
+    )
+    deleted = ctx.queue().delete_queue(name)
+    ctx.emit(
+        {"queue": name, "deleted_jobs": deleted},
+        f"queue {name!r} deleted with {deleted} jobs (a worker still holding one of them gets "
+        "LeaseLost when it settles it)",
+    )
+    return 0
+
+
 def cmd_requeue_stale(ctx: Context) -> int:
     ctx.snapshot()
     count = ctx.queue().expire()

@@ -174,6 +174,11 @@ def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
     sub = _add(commands, common, "purge", operate.cmd_purge, "delete ready and delayed jobs")
     sub.add_argument("queue")
+    queues = _group(commands, common, "queue", "queues themselves")
+    sub = _add(
+        queues, common, "delete", operate.cmd_queue_delete, "delete a queue and all its jobs"
+    )
+    sub.add_argument("queue")
     _add(commands, common, "requeue-stale", operate.cmd_requeue_stale, "expire stale leases now")
     sub = _add(commands, common, "declare", operate.cmd_declare, "declare a queue")
     sub.add_argument("queue")

@@ -114,6 +114,40 @@ def test_destructive_commands_ask_first(objq: Objq, file_url: str) -> None:
     assert objq("status", "--json", url=file_url).json()["queues"][0]["ready"] == 0
 
 
+def test_queue_delete_asks_first_then_removes_the_queue_and_all_its_jobs(
+    objq: Objq, file_url: str
+) -> None:
+    # Given a queue with a ready job and a dead letter, beside another queue
+    for queue, payload in (("doomed", "a"), ("doomed", "b"), ("kept", "c")):
+        assert objq("enqueue", queue, payload, url=file_url).code == 0
+    with Queue(file_url) as client:
+        [delivery] = client.claim("doomed", 1)
+        client.nack(delivery, error="no", retry=False)
+
+    # When deletion is declined: nothing changes
+    declined = objq("queue", "delete", "doomed", url=file_url, tty_answer="n")
+    assert declined.code == 1, declined.stderr
+    assert "delete queue 'doomed', its settings and its 2 jobs (0 in flight, 1 dead)" in (
+        declined.stderr
+    )
+    assert {q["queue"] for q in objq("status", "--json", url=file_url).json()["queues"]} == {
+        "doomed",
+        "kept",
+    }
+
+    # When it is confirmed: the queue and both jobs are gone, the other queue is untouched
+    done = objq("queue", "delete", "doomed", "--yes", "--json", url=file_url)
+    assert done.code == 0, done.stderr
+    assert done.json() == {"queue": "doomed", "deleted_jobs": 2}
+    queues = objq("status", "--json", url=file_url).json()["queues"]
+    assert [(q["queue"], q["ready"]) for q in queues] == [("kept", 1)]
+
+    # And a queue that does not exist is an error, not a silent success
+    missing = objq("queue", "delete", "doomed", "--yes", url=file_url)
+    assert missing.code == 1
+    assert "doomed" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
+
+
 def test_dead_letters_list_retry_purge(objq: Objq, file_url: str) -> None:
     # Given three jobs that died on their only attempt (the worker runs `false`)
     assert objq("declare", "jobs", "--max-attempts", "1", url=file_url).code == 0
