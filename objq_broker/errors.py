@@ -17,6 +17,15 @@ class ConfigurationError(ObjqError, ValueError):
     """A URL, option or setting is invalid; the message lists what is accepted."""
 
 
+def missing_extra(needs: str, package: str, extra: str, found: object) -> ConfigurationError:
+    """The error for ``needs`` (a URL scheme, a command) whose optional install is missing: a
+    setup to fix on this host, not a bug; ``found`` is what the import said."""
+    return ConfigurationError(
+        f"{needs} needs {package}, which could not be imported ({found}); "
+        f"install it with: pip install 'objq-broker[{extra}]'"
+    )
+
+
 # --- storage ---------------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ import os
 import sys
 import traceback
 
-from objq_broker.errors import ConfigurationError, ObjqError
+from objq_broker.errors import ConfigurationError, ObjqError, missing_extra
 
 #: Exit statuses.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -94,10 +94,8 @@ def _report_command(url: str | None, rest: list[str]) -> int:
         missing = _missing_module(exc)
         if missing is None or missing.split(".")[0] not in _SPARK_MODULES:
             raise
-        raise ConfigurationError(
-            f"objq report needs {missing.split('.')[0]}, which could not be imported (no "
-            f"module named {missing!r}); install it with: pip install 'objq-broker[spark]'"
-        ) from exc
+        found = f"no module named {missing!r}"
+        raise missing_extra("objq report", missing.split(".")[0], "spark", found) from exc
     return status
 
 

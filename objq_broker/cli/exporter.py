@@ -21,7 +21,7 @@ import signal
 import threading
 
 from objq_broker.cli.context import Context
-from objq_broker.errors import ConfigurationError
+from objq_broker.errors import missing_extra
 
 #: Where ``objq exporter`` serves unless ``--listen`` says otherwise.
 DEFAULT_LISTEN = "127.0.0.1:7701"
@@ -49,10 +49,8 @@ def cmd_exporter(ctx: Context) -> int:
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] != _PROMETHEUS_MODULE:
             raise
-        raise ConfigurationError(
-            f"objq exporter needs {_PROMETHEUS_MODULE}, which could not be imported "
-            f"({exc.__cause__ or exc}); install it with: pip install 'objq-broker[metrics]'"
-        ) from exc
+        found = exc.__cause__ or exc
+        raise missing_extra("objq exporter", _PROMETHEUS_MODULE, "metrics", found) from exc
     logging.basicConfig(format="objq exporter: %(message)s", level=logging.INFO)
     stop = threading.Event()
     # Before listening: a SIGTERM from a supervisor that starts and stops at once still

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from objq_broker.errors import ConfigurationError
+from objq_broker.errors import ConfigurationError, missing_extra
 from objq_broker.storage.base import ObjectStore
 from objq_broker.storage.memory import MemoryStore
 
@@ -101,10 +101,7 @@ def _missing_sdk(scheme: str, exc: ModuleNotFoundError) -> ConfigurationError:
     """The error for a URL whose adapter's SDK is not installed: a setup to fix, not a bug."""
     package, extra = _SDKS[scheme]
     found = exc.__cause__ or exc  # the SDK's own import error, under the adapter's advice
-    return ConfigurationError(
-        f"{scheme}:// needs {package}, which could not be imported ({found}); "
-        f"install it with: pip install 'objq-broker[{extra}]'"
-    )
+    return missing_extra(f"{scheme}://", package, extra, found)
 
 
 def _bucket_and_prefix(netloc: str, path: str, url: str) -> tuple[str, str]:

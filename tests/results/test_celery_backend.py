@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -408,32 +409,53 @@ def _wait_drained(broker_url: str, timeout: float) -> None:
         wait_for(drained, timeout, "the celery queue to drain", interval=0.2)
 
 
+@dataclass
+class DyingPair:
+    """Two worker processes on one store, either of which dies once at ``die``; what their
+    tasks ran is logged in ``ran``, and ``died`` appears when one died."""
+
+    broker: str
+    backend: str
+    ran: Path
+    died: Path
+    workers: list[Any]
+
+    def check_one_died_and_all_settled(self) -> None:
+        """Every message done, a second callback given the time to run, one worker dead."""
+        _wait_drained(self.broker, timeout=60)
+        time.sleep(1.0)
+        assert self.died.exists() and sum(w.poll() is not None for w in self.workers) == 1
+
+    def callbacks(self) -> list[str]:
+        return [line for line in lines(self.ran).elements() if line.startswith("total")]
+
+
+def _dying_pair(tmp_path: Path, children: Children, die: str) -> DyingPair:
+    broker, backend = (f"objq+{(tmp_path / name).as_uri()}" for name in ("broker", "results"))
+    died = tmp_path / "died"
+    env = _worker_env(broker, backend, die, died)
+    workers = [_start_worker(children, env, name, tmp_path / "logs") for name in ("w1", "w2")]
+    return DyingPair(broker, backend, tmp_path / "ran", died, workers)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_chord_of_1000_calls_back_once_though_a_worker_died_after_a_header_report(
     tmp_path: Path, children: Children
 ) -> None:
-    broker, backend = (f"objq+{(tmp_path / name).as_uri()}" for name in ("broker", "results"))
-    ran, died = tmp_path / "ran", tmp_path / "died"
     # Given two workers, either of which dies once header task 100 has reported, before its ack
-    env = _worker_env(broker, backend, "after-report:100", died)
-    workers = [_start_worker(children, env, name, tmp_path / "logs") for name in ("w1", "w2")]
-    app = make_app(broker, backend)
+    pair = _dying_pair(tmp_path, children, "after-report:100")
+    app, ran = make_app(pair.broker, pair.backend), str(pair.ran)
     # When a chord of 1,000 runs
-    header = [app.signature(PART, (n, str(ran))) for n in range(1000)]
-    result = chord(header, app.signature(TOTAL, (str(ran),)))()
+    header = [app.signature(PART, (n, ran)) for n in range(1000)]
+    result = chord(header, app.signature(TOTAL, (ran,)))()
     # Then its callback's result comes back
     assert result.get(timeout=240) == sum(range(1000))
     # And once header task 100 ran again on the other worker, and every message is done
-    wait_for(lambda: lines(ran)["part 100"] >= 2, 60, "task 100 to run again")
-    _wait_drained(broker, timeout=60)
-    time.sleep(1.0)  # a second callback, if any, has had the time to run
-    assert died.exists() and sum(w.poll() is not None for w in workers) == 1
-    seen = lines(ran)
-    assert [line for line in seen.elements() if line.startswith("total")] == [
-        f"total 1000 {sum(range(1000))}"
-    ]
-    assert {f"part {n}" for n in range(1000)} <= set(seen)
+    wait_for(lambda: lines(pair.ran)["part 100"] >= 2, 60, "task 100 to run again")
+    pair.check_one_died_and_all_settled()
+    assert pair.callbacks() == [f"total 1000 {sum(range(1000))}"]
+    assert {f"part {n}" for n in range(1000)} <= set(lines(pair.ran))
 
 
 @pytest.mark.slow
@@ -441,26 +463,18 @@ def test_a_chord_of_1000_calls_back_once_though_a_worker_died_after_a_header_rep
 def test_a_chord_calls_back_once_though_its_worker_died_sending_the_callback(
     tmp_path: Path, children: Children
 ) -> None:
-    broker, backend = (f"objq+{(tmp_path / name).as_uri()}" for name in ("broker", "results"))
-    ran, died = tmp_path / "ran", tmp_path / "died"
     # Given two workers, either of which dies as it sends a chord's callback: after its report
     # completed the header and claimed the callback, before the callback is sent
-    env = _worker_env(broker, backend, "at-callback", died)
-    workers = [_start_worker(children, env, name, tmp_path / "logs") for name in ("w1", "w2")]
-    app = make_app(broker, backend)
+    pair = _dying_pair(tmp_path, children, "at-callback")
+    app, ran = make_app(pair.broker, pair.backend), str(pair.ran)
     # When a chord of 20 runs
     result = chord(
-        [app.signature(PART, (n, str(ran))) for n in range(20)],
-        app.signature(TOTAL, (str(ran),)),
+        [app.signature(PART, (n, ran)) for n in range(20)], app.signature(TOTAL, (ran,))
     )()
     # Then the other worker sends the callback once the claim lapsed, and it runs once
     assert result.get(timeout=120) == sum(range(20))
-    _wait_drained(broker, timeout=60)
-    time.sleep(1.0)
-    assert died.exists() and sum(w.poll() is not None for w in workers) == 1
-    assert [line for line in lines(ran).elements() if line.startswith("total")] == [
-        f"total 20 {sum(range(20))}"
-    ]
+    pair.check_one_died_and_all_settled()
+    assert pair.callbacks() == [f"total 20 {sum(range(20))}"]
 
 
 # --- configuration -----------------------------------------------------------------------------
