@@ -222,8 +222,15 @@ class AsyncQueue:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), remaining)
 
-    async def ack(self, delivery: Delivery) -> None:
-        await self._run(ops.ack(delivery))
+    async def ack(
+        self, delivery: Delivery, *, outcome: str = "done", error: str | None = None
+    ) -> None:
+        await self._run(ops.ack(delivery, outcome=outcome, error=error))
+
+    async def note_outcome(
+        self, job_id: str, queue: str, outcome: str, *, error: str | None = None
+    ) -> None:
+        await self._run(ops.note_outcome(job_id, queue, outcome, error))
 
     async def nack(
         self,

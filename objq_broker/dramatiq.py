@@ -35,13 +35,14 @@ try:
     import dramatiq
     from dramatiq.common import current_millis, dq_name
     from dramatiq.errors import ConnectionClosed, QueueJoinTimeout, QueueNotFound
+    from dramatiq.middleware import Retries
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
     raise ModuleNotFoundError(
         "objq_broker.dramatiq needs Dramatiq: pip install 'objq-broker[dramatiq]'"
     ) from exc
 
 from objq_broker.consume import ClaimWindow, LeaseKeeper, positive_seconds, seconds_from_env
-from objq_broker.errors import ConfigurationError, QueueClosed, StorageError
+from objq_broker.errors import ConfigurationError, QueueClosed, StorageError, job_error
 from objq_broker.queue import Delivery, Queue
 from objq_broker.results.dramatiq import ObjqRateLimiterBackend, ObjqResultBackend
 from objq_broker.storage import ObjectStore
@@ -342,9 +343,19 @@ class _ObjqConsumer(dramatiq.Consumer):
 
     def ack(self, message: dramatiq.MessageProxy) -> None:
         delivery = self._settled(message)
-        if delivery is not None:
-            with _connection_errors():
-                self.client.ack(delivery, wait=False)
+        if delivery is None:
+            return
+        # Dramatiq acks a message whose actor raised when it was not failed for good: the
+        # Retries middleware sent it again as a new message, or there is no such middleware.
+        exc, outcome = message._exception, "done"
+        if exc is not None:
+            outcome = "retried" if self._retries else "failed"
+        with _connection_errors():
+            self.client.ack(delivery, outcome=outcome, error=job_error(exc), wait=False)
+
+    @property
+    def _retries(self) -> bool:
+        return any(isinstance(m, Retries) for m in self.broker.middleware)
 
     def nack(self, message: dramatiq.MessageProxy) -> None:
         delivery = self._settled(message)
@@ -352,9 +363,8 @@ class _ObjqConsumer(dramatiq.Consumer):
             return
         exc = message._exception
         self.broker._remember_failure(message.message_id, exc)
-        error = None if exc is None else f"{type(exc).__name__}: {exc}"
         with _connection_errors():
-            self.client.nack(delivery, error=error, retry=False, wait=False)
+            self.client.nack(delivery, error=job_error(exc), retry=False, wait=False)
 
     def requeue(self, messages: Iterable[dramatiq.MessageProxy]) -> None:
         tokens = [message._delivery.token for message in messages]

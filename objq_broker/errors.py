@@ -26,6 +26,17 @@ def missing_extra(needs: str, package: str, extra: str, found: object) -> Config
     )
 
 
+#: A job's recorded error is cut to this: the archive keeps a line per job, not a traceback.
+MAX_JOB_ERROR_CHARS = 2000
+
+
+def job_error(exc: BaseException | None) -> str | None:
+    """What a job's record keeps of the exception its run raised: ``Type: message``, cut."""
+    if exc is None:
+        return None
+    return f"{type(exc).__name__}: {exc}"[:MAX_JOB_ERROR_CHARS]
+
+
 # --- storage ---------------------------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -34,7 +34,7 @@ from objq_broker.model.checks import (
     SignedSeconds,
     checked,
 )
-from objq_broker.model.records import Job, JobState, QueueConfig, encode_payload
+from objq_broker.model.records import Job, JobState, QueueConfig, RunOutcome, encode_payload
 from objq_broker.model.state import NewJob, StagedBodies, StagedRun, settings_of
 
 __all__ = ["Delay", "Delivery", "StagedBodies", "StagedRun"]
@@ -110,6 +110,18 @@ class _NackArgs(msgspec.Struct, frozen=True):
     error: str | None = None
     retry: bool = True
     delay: Seconds | None = None
+
+
+class _AckArgs(msgspec.Struct, frozen=True):
+    outcome: Literal["done"] | RunOutcome = "done"
+    error: str | None = None
+
+
+class _NoteArgs(msgspec.Struct, frozen=True):
+    job_id: Identifier
+    queue: QueueName
+    outcome: RunOutcome
+    error: str | None = None
 
 
 class _LeaseArg(msgspec.Struct, frozen=True):
@@ -274,9 +286,19 @@ def heartbeat(held: Sequence[Delivery], *, lease: Delay = None) -> ops.Heartbeat
     return ops.Heartbeat([d.held for d in held], _lease(lease, "heartbeat"))
 
 
-def ack(delivery: Delivery) -> ops.Ack:
+def ack(delivery: Delivery, *, outcome: str = "done", error: str | None = None) -> ops.Ack:
+    args = checked({"outcome": outcome, "error": error}, _AckArgs, f"ack of {delivery.id}")
     job_id, token = delivery.held
-    return ops.Ack(job_id, token)
+    return ops.Ack(job_id, token, args.outcome, args.error)
+
+
+def note_outcome(job_id: str, queue: str, outcome: str, error: str | None) -> ops.NoteOutcome:
+    args = checked(
+        {"job_id": job_id, "queue": queue, "outcome": outcome, "error": error},
+        _NoteArgs,
+        "note_outcome",
+    )
+    return ops.NoteOutcome(args.job_id, args.queue, args.outcome, args.error)
 
 
 def nack(

@@ -328,9 +328,37 @@ class Queue:
         claimed.set_result(ops.deliveries(jobs))
         return self.then_fill(claimed).result()
 
-    def ack(self, delivery: Delivery, *, wait: bool = True) -> None:
-        """Finish a delivery. Raises :class:`LeaseLost` if its lease was lost (when waiting)."""
-        self._settle(self.submit(ops.ack(delivery)), wait, "ack", delivery)
+    def ack(
+        self,
+        delivery: Delivery,
+        *,
+        outcome: str = "done",
+        error: str | None = None,
+        wait: bool = True,
+    ) -> None:
+        """Finish a delivery. Raises :class:`LeaseLost` if its lease was lost (when waiting).
+
+        ``outcome`` is what the archive records: "done", or, for a framework that settles a
+        failed run with an ack, "failed" (for good) or "retried" (sent again as a new job),
+        with ``error``."""
+        op = ops.ack(delivery, outcome=outcome, error=error)
+        self._settle(self.submit(op), wait, "ack", delivery)
+
+    def note_outcome(
+        self,
+        job_id: str,
+        queue: str,
+        outcome: str,
+        *,
+        error: str | None = None,
+        wait: bool = True,
+    ) -> None:
+        """Archive that the run of job ``job_id`` of ``queue`` "failed" or was "retried" as a
+        new job, for a framework that acked the job before running it (Celery's default). The
+        job's own record keeps its outcome "done"; readers of the archive (``objq report``,
+        the ``objq`` Spark source) take the note's."""
+        op = ops.note_outcome(job_id, queue, outcome, error)
+        self._settle(self.submit(op), wait, "note_outcome")
 
     def nack(
         self,

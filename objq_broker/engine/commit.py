@@ -138,6 +138,7 @@ class EngineMetrics:
     claimed: int = 0
     acked: int = 0
     retried: int = 0
+    failed: int = 0
     dead_lettered: int = 0
     released: int = 0
     expired: int = 0

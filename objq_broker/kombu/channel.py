@@ -19,6 +19,7 @@ from kombu.utils.json import dumps, loads
 from objq_broker import ops
 from objq_broker.consume import ClaimWindow
 from objq_broker.errors import QueueNotFound
+from objq_broker.kombu.outcomes import JOB_PROPERTY, QUEUE_PROPERTY
 from objq_broker.kombu.settings import TransportSettings
 from objq_broker.queue import Delivery, Queue
 
@@ -345,6 +346,8 @@ class Channel(virtual.Channel):
                 self.settle(delivery.token, "ack")  # its producer gave it an expiration
                 continue
             props["delivery_tag"] = delivery.token  # unique per delivery, unlike a publish tag
+            # Which job this is, for the task's outcome (see objq_broker.kombu.outcomes).
+            props[JOB_PROPERTY], props[QUEUE_PROPERTY] = delivery.job.id, delivery.job.queue
             info = props.setdefault("delivery_info", {})
             if delivery.job.attempts > 1:
                 info["redelivered"] = raw["redelivered"] = True

@@ -52,6 +52,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
 from objq_broker.broker.settings import BrokerSettings, broker_settings
 from objq_broker.consume import LeaseKeeper
 from objq_broker.errors import ConfigurationError, QueueClosed, QueueError, StorageUnavailable
+from objq_broker.kombu import outcomes
 from objq_broker.kombu.channel import Channel as ObjqChannel
 from objq_broker.kombu.events import LoopBinding
 from objq_broker.kombu.routing import ExchangeTable
@@ -120,6 +121,7 @@ except ModuleNotFoundError:  # kombu without Celery: there is no result backend 
 else:
     # Only the name: the backend module (and its Celery imports) loads when an app uses it.
     BACKEND_ALIASES.setdefault("objq", "objq_broker.results.celery:ObjqBackend")
+    outcomes.connect()
 
 
 class Transport(virtual.Transport):

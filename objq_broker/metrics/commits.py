@@ -99,7 +99,15 @@ ENGINE_FAMILIES: dict[str, Family] = {
     "retried": Family(
         "objq_jobs_retried_total",
         "counter",
-        "Jobs this process nacked that went back to their queue for another attempt.",
+        "Jobs this process nacked that went back to their queue for another attempt, or whose "
+        "run it reported failed and sent again as a new job.",
+        STORE_LABEL,
+    ),
+    "failed": Family(
+        "objq_jobs_failed_total",
+        "counter",
+        "Jobs whose run this process reported failed for good (the framework settled them "
+        "itself; archived as failed, not dead-lettered).",
         STORE_LABEL,
     ),
     "dead_lettered": Family(

@@ -19,7 +19,7 @@ Build operations with the functions of :mod:`objq_broker.ops`, which check every
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -41,6 +41,7 @@ from objq_broker.model.records import (
     KeyRunRef,
     NackResult,
     QueueConfig,
+    RunOutcome,
     RunRef,
 )
 from objq_broker.model.state import NewJob, QueueState, QueueStats, StagedBodies, StagedRun
@@ -212,13 +213,30 @@ class Heartbeat(Op[list[bool]], frozen=True):
 class Ack(Op[Job], frozen=True):
     job_id: str
     token: str
+    outcome: Literal["done"] | RunOutcome = "done"
+    error: str | None = None
 
     def apply(self, state: QueueState, now: float) -> Job:
-        return state.ack(self.job_id, self.token, now)
+        return state.ack(self.job_id, self.token, now, self.outcome, self.error)
 
     def replay(self, state: QueueState, now: float) -> Job:
         # The job has left the state; its archive record has it whole.
         return Job(self.job_id, "", "", 0, now, now, 1, finished_at=now)
+
+
+class NoteOutcome(Op[None], frozen=True):
+    """How the run of a job went, said after the job was acked (or while it is held)."""
+
+    job_id: str
+    queue: QueueName
+    outcome: RunOutcome
+    error: str | None = None
+
+    def apply(self, state: QueueState, now: float) -> None:
+        state.note_outcome(self.job_id, self.queue, self.outcome, self.error, now)
+
+    def replay(self, state: QueueState, now: float) -> None:
+        return None
 
 
 class Nack(Op[NackResult], frozen=True):
@@ -415,6 +433,7 @@ ANY_OP: Any = (
     | Claim
     | Heartbeat
     | Ack
+    | NoteOutcome
     | Nack
     | Release
     | Expire

@@ -47,8 +47,12 @@ DEFAULT_IDEMPOTENCY_SECONDS = 24 * 3600.0
 JobState = Literal["ready", "delayed", "in-flight", "dead"]
 #: The states of a job still in a queue (a dead letter's record says "dead" elsewhere).
 LiveState = Literal["ready", "delayed", "in-flight"]
-#: How a job left the queue, as the archive records it.
-Outcome = Literal["done", "dead"]
+#: How a job left the queue, as the archive records it: finished, dead-lettered by the broker,
+#: or (said by the framework that ran it, possibly after it was acked) failed for good or
+#: failed and sent again as a new job.
+Outcome = Literal["done", "dead", "failed", "retried"]
+#: What a framework may say of a job's run beyond the broker's own "done" and "dead".
+RunOutcome = Literal["failed", "retried"]
 #: What a nack did: the job will run again after a backoff, or it was dead-lettered.
 NackResult = Literal["retry", "dead"]
 

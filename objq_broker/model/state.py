@@ -49,6 +49,7 @@ from objq_broker.model.records import (
     Outcome,
     QueueConfig,
     RunKind,
+    RunOutcome,
     RunRef,
     SessionMark,
     StateDoc,
@@ -989,15 +990,36 @@ class QueueState:
             alive.append(True)
         return alive
 
-    def ack(self, job_id: str, token: str, now: float) -> Job:
+    def ack(
+        self,
+        job_id: str,
+        token: str,
+        now: float,
+        outcome: Literal["done"] | RunOutcome = "done",
+        error: str | None = None,
+    ) -> Job:
+        """Finish a held job; ``outcome`` says how its run went when it did not go well but
+        the framework settles it with an ack all the same (a retry sent as a new job)."""
         job = self._held(job_id, token)
         self._forget(job)
         self._drop_body(job)
         job.lease = None
         job.finished_at = now
-        self.finished.append(Finished("done", job))
+        if error is not None:
+            job.error = error
+        self.finished.append(Finished(outcome, job))
         self.dirty = True
         return snapshot(job)
+
+    def note_outcome(
+        self, job_id: str, queue: str, outcome: RunOutcome, error: str | None, now: float
+    ) -> None:
+        """Archive how the run of a job went, for a framework that acks a job before running
+        it: a record of the job's id and queue only (its own record, written when it was
+        acked, has the rest). The job itself is not touched, wherever it is."""
+        note = Job(job_id, queue, "", 0, now, now, 1, finished_at=now, error=error)
+        self.finished.append(Finished(outcome, note))
+        self.dirty = True
 
     def nack(
         self,

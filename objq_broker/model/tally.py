@@ -1,10 +1,13 @@
 """What an operation did to jobs, counted from its result: the numbers behind a process's
-``enqueued``, ``claimed``, ``acked``, ``retried``, ``dead_lettered`` and ``released`` counters.
+``enqueued``, ``claimed``, ``acked``, ``retried``, ``failed``, ``dead_lettered`` and ``released``
+counters.
 
 Counted from results, not from the calls: an enqueue whose idempotency key was live returns the
 earlier job and counts nothing, a claim counts the jobs it leased, and a nack counts as a retry
-or a dead letter by what the state decided. An ``Expire`` operation counts the leases it
-expired; the leases a commit expires on its own (most of them) are counted by the engine.
+or a dead letter by what the state decided. A run the framework reports as failed for good, or
+as failed and sent again as a new job (an ack or a note saying so), counts as failed or
+retried. An ``Expire`` operation counts the leases it expired; the leases a commit expires on
+its own (most of them) are counted by the engine.
 """
 
 from __future__ import annotations
@@ -19,11 +22,21 @@ from objq_broker.model.ops import (
     EnqueueStaged,
     Expire,
     Nack,
+    NoteOutcome,
     Release,
 )
 
 #: The job events counted, in the order they are reported.
-JOB_EVENTS = ("enqueued", "claimed", "acked", "retried", "dead_lettered", "released", "expired")
+JOB_EVENTS = (
+    "enqueued",
+    "claimed",
+    "acked",
+    "retried",
+    "failed",
+    "dead_lettered",
+    "released",
+    "expired",
+)
 
 
 def job_events(op: object, result: Any) -> dict[str, int]:
@@ -39,8 +52,12 @@ def job_events(op: object, result: Any) -> dict[str, int]:
             return {"enqueued": result or 0}  # None: this write id was committed before
         case Claim():
             return {"claimed": len(result)}
-        case Ack():
+        case Ack(outcome="done"):
             return {"acked": 1}
+        case Ack():
+            return {"acked": 1, op.outcome: 1}
+        case NoteOutcome():
+            return {op.outcome: 1}
         case Nack():
             return {"dead_lettered": 1} if result == "dead" else {"retried": 1}
         case Release():

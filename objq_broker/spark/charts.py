@@ -52,7 +52,7 @@ def draw_charts(out: Path, hourly: Any, tasks: Any) -> list[str]:
     figure, axis = plt.subplots(figsize=(9, 4))
     task_labels = list(tasks["queue"] + " " + tasks["task"]) if len(tasks) else []
     axis.bar(task_labels, list(tasks["failure_rate"] * 100) if len(tasks) else [])
-    axis.set_title("Failure rate per task (dead-lettered jobs)")
+    axis.set_title("Failure rate per task (failed or dead-lettered jobs)")
     axis.set_ylabel("% of finished jobs")
     figure.tight_layout()
     figure.savefig(out / "failures.png", dpi=100)

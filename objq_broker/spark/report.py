@@ -6,15 +6,20 @@ reads the archive of finished and dead-lettered jobs in ``[since, until)`` (only
 range are listed and read) and writes to ``--out``:
 
 * ``hourly.parquet`` / ``hourly.csv``: per UTC hour, queue and task: jobs finished, done,
-  dead, failure rate, throughput (jobs per second over the hour), and the 50th/90th/99th
-  percentiles of queue wait (started - enqueued) and run time (finished - started), in seconds.
+  retried, failed, dead, failure rate, throughput (jobs per second over the hour), and the
+  50th/90th/99th percentiles of queue wait (started - enqueued) and run time
+  (finished - started), in seconds.
 * ``tasks.parquet`` / ``tasks.csv``: the same per queue and task over the whole range.
 * ``throughput.png``, ``latency.png``, ``failures.png`` and ``index.html`` showing them.
 
 A job appears once even if the archive holds it twice (see :mod:`objq_broker.engine.archive`).
 The task is the Dramatiq actor or Celery task named in the payload, else ``(payload)``.
-A failure is a dead-lettered job: with Dramatiq, a retried attempt is a new message, and the
-attempt that failed finished as done.
+Each job counts once, with the worst outcome its records say: done, retried (its run failed and
+the framework sent it again as a new job), failed (its run failed for good and the framework
+settled it itself: Celery, or Dramatiq without its Retries middleware) or dead (dead-lettered
+by the broker). The failure rate is (failed + dead) / (jobs - retried): of the jobs that came
+to an end, the share that did not succeed. A framework's note on a job (Celery's, written after
+the job was acked) counts when it falls in the same range as the job's own record.
 """
 
 from __future__ import annotations
@@ -74,11 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     hourly, tasks = summarise(spark, args.url, since, until, args.queue)
     out = Path(args.out)
     write_report(out, hourly, tasks, url=args.url, since=since, until=until)
-    total = int(tasks["jobs"].sum()) if len(tasks) else 0
-    dead = int(tasks["dead"].sum()) if len(tasks) else 0
-    print(f"{total} jobs finished ({total - dead} done, {dead} dead) in {_span(since, until)}")
+    total, counts = _totals(tasks)
+    print(f"{total} jobs finished ({counts}) in {_span(since, until)}")
     for row in tasks.itertuples():
-        print(f"  {row.queue} {row.task}: {row.jobs} finished, {row.dead} dead")
+        print(f"  {row.queue} {row.task}: {row.jobs} finished, {_counts(row._asdict())}")
     print(f"report written to {out.resolve()}/index.html")
     return 0
 
@@ -97,13 +101,20 @@ def summarise(
     )
     if queues:
         chosen = chosen.where(F.col("queue").isin(queues))
+    # A framework's note on how a run went (see Queue.note_outcome) is a record of its own;
+    # each job counts once, with the worst outcome said of it.
+    note = F.col("state").isin(*RUN_NOTES) & (F.col("attempts") == 0)
+    noted = chosen.where(note).groupBy("id").agg(F.max(_rank("state")).alias("noted"))
+    outcome = F.greatest(_rank("state"), F.coalesce(F.col("noted"), F.lit(0)))
     jobs = (
-        chosen.dropDuplicates(["id"])
+        chosen.where(~note)
+        .dropDuplicates(["id"])
+        .join(noted, "id", "left")
         .select(
             "queue",
             F.coalesce("task", F.lit("(payload)")).alias("task"),
             F.date_trunc("hour", "finished_at").alias("hour"),
-            (F.col("state") == "dead").cast("int").alias("failed"),
+            *[(outcome == rank).cast("int").alias(name) for name, rank in _RANKS.items() if rank],
             (F.col("started_at").cast("double") - F.col("enqueued_at").cast("double")).alias(
                 "wait"
             ),
@@ -119,25 +130,46 @@ def summarise(
     return hourly, tasks
 
 
+#: Outcomes from best to worst: a job counts with the worst one its records say.
+_RANKS = {"done": 0, "retried": 1, "failed": 2, "dead": 3}
+#: Outcomes a framework may note on a job after its own record was written.
+RUN_NOTES = ("failed", "retried")
+#: Counted per job, besides done.
+_COUNTED = ("retried", "failed", "dead")
+
+
+def _rank(column: str) -> Any:
+    from pyspark.sql import functions as F
+
+    ranked = F.lit(0)
+    for name, rank in _RANKS.items():
+        ranked = F.when(F.col(column) == name, F.lit(rank)).otherwise(ranked)
+    return ranked
+
+
 def _aggregate(jobs: Any, keys: list[str], per_second: float) -> Any:
     from pyspark.sql import functions as F
 
     levels = list(PERCENTILES)
     grouped = jobs.groupBy(*keys).agg(
         F.count("*").alias("jobs"),
-        F.sum("failed").alias("dead"),
+        *[F.sum(name).alias(name) for name in _COUNTED],
         F.percentile_approx("wait", levels).alias("wait"),
         F.percentile_approx("run", levels).alias("run"),
     )
-    columns = [*keys, "jobs", (F.col("jobs") - F.col("dead")).alias("done"), "dead"]
-    columns.append((F.col("dead") / F.col("jobs")).alias("failure_rate"))
+    done = F.col("jobs") - F.col("retried") - F.col("failed") - F.col("dead")
+    columns = [*keys, "jobs", done.alias("done"), *_COUNTED]
+    # Of the jobs that came to an end: a retried run's job lives on as a new one.
+    ended = F.col("jobs") - F.col("retried")
+    failures = (F.col("failed") + F.col("dead")) / F.when(ended > 0, ended)
+    columns.append(F.coalesce(failures, F.lit(0.0)).alias("failure_rate"))
     columns.append((F.col("jobs") / F.lit(per_second)).alias("jobs_per_second"))
     for metric in ("wait", "run"):
         for index, level in enumerate(levels):
             name = f"{metric}_p{round(level * 100)}_s"
             columns.append(F.col(metric).getItem(index).alias(name))
     table = grouped.select(*columns).orderBy(*keys).toPandas()
-    for name in ("jobs", "done", "dead"):
+    for name in ("jobs", "done", *_COUNTED):
         table[name] = table[name].astype("int64")
     return table
 
@@ -164,9 +196,9 @@ def write_report(
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head>
 <body><h1>{title}</h1>
-<p>Store: <code>{html.escape(redacted(url))}</code>. Jobs: {int(tasks["jobs"].sum())},
-dead: {int(tasks["dead"].sum())}. Times in seconds; wait = started - enqueued,
-run = finished - started.</p>
+<p>Store: <code>{html.escape(redacted(url))}</code>. Jobs: {_totals(tasks)[0]}
+({html.escape(_totals(tasks)[1])}). Failure rate: (failed + dead) / (jobs - retried). Times in
+seconds; wait = started - enqueued, run = finished - started.</p>
 <h2>Per task</h2>
 {tasks.to_html(index=False, float_format=lambda v: f"{v:.4g}")}
 {figures}
@@ -176,6 +208,17 @@ run = finished - started.</p>
 </body></html>
 """
     (out / "index.html").write_text(page, encoding="utf-8")
+
+
+def _totals(tasks: Any) -> tuple[int, str]:
+    """All jobs, and how they ended ("12 done, 1 retried, 2 failed, 0 dead")."""
+    sums = {name: int(tasks[name].sum()) if len(tasks) else 0 for name in ("jobs", "done")}
+    sums.update({name: int(tasks[name].sum()) if len(tasks) else 0 for name in _COUNTED})
+    return sums["jobs"], _counts(sums)
+
+
+def _counts(row: Any) -> str:
+    return ", ".join(f"{int(row[name])} {name}" for name in ("done", *_COUNTED))
 
 
 def _span(since: float, until: float) -> str:

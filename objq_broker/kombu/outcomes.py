@@ -1,0 +1,70 @@
+"""True task outcomes for Celery: a task that raised is archived as failed, not done.
+
+Celery acks a task message when a worker takes it (unless ``acks_late``), before it runs, so
+the ack cannot say how the run went. The transport marks each message it hands out with its
+objq job and queue (in the message properties, which Celery passes to the task's request), and
+these signal handlers, run where the task ran (a prefork child, or the worker itself), note the
+outcome in the archive: ``failed`` when the task raised (its retries spent, or none asked for),
+``retried`` when it asked to run again (``self.retry``, ``autoretry_for``), each with the
+error. The job's own record keeps "done"; readers of the archive take the note's outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from objq_broker.errors import MAX_JOB_ERROR_CHARS, job_error
+
+log = logging.getLogger(__name__)
+
+#: Message properties the transport adds on hand-out: which objq job and queue a message is.
+JOB_PROPERTY = "objq_job"
+QUEUE_PROPERTY = "objq_queue"
+#: One connection of the signal handlers, however many times the transport is imported.
+_DISPATCH_UID = "objq_broker.kombu.outcomes"
+
+
+def connect() -> None:
+    """Listen for Celery's failure and retry signals (Celery is installed: checked by the
+    caller)."""
+    from celery import signals
+
+    signals.task_failure.connect(_on_failure, weak=False, dispatch_uid=_DISPATCH_UID)
+    signals.task_retry.connect(_on_retry, weak=False, dispatch_uid=_DISPATCH_UID)
+
+
+def error_text(exc: object) -> str | None:
+    """What the archive keeps of the error (Celery may hand over a non-exception reason)."""
+    if exc is None or isinstance(exc, BaseException):
+        return job_error(exc)
+    return str(exc)[:MAX_JOB_ERROR_CHARS]
+
+
+def _on_failure(sender: Any = None, exception: object = None, **_: Any) -> None:
+    _note(sender, getattr(sender, "request", None), "failed", error_text(exception))
+
+
+def _on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
+    # ``reason`` is Celery's Retry; the error that made the task retry is its ``exc``.
+    cause = getattr(reason, "exc", None) or reason
+    _note(sender, request, "retried", error_text(cause))
+
+
+def _note(task: Any, request: Any, outcome: str, error: str | None) -> None:
+    """Archive ``outcome`` for the objq job ``request`` ran, if an objq transport handed it
+    out; never raises (a signal handler's error would be logged as the task's own)."""
+    if request is None or getattr(request, "is_eager", False):
+        return
+    properties = getattr(request, "properties", None) or {}
+    job_id, queue = properties.get(JOB_PROPERTY), properties.get(QUEUE_PROPERTY)
+    if not isinstance(job_id, str) or not isinstance(queue, str):
+        return  # not delivered by an objq transport
+    try:
+        with task.app.pool.acquire(block=True) as connection:
+            transport = connection.transport
+            if getattr(transport, "driver_type", None) != "objq":
+                return
+            transport.open_queue().note_outcome(job_id, queue, outcome, error=error)
+    except Exception as exc:  # the outcome is lost, the task's own result is not
+        log.warning("could not archive outcome %s of job %s: %s", outcome, job_id, exc)
