@@ -18,15 +18,15 @@ app.conf.update(
 )
 
 
-@app.task(name="divide")
+@app.task(name="divide")  # type: ignore[untyped-decorator]
 def divide(n: int) -> float:
     if n % 10 == 0:
         raise ZeroDivisionError(f"{n} is a tenth: failing by design")
     return 1 / n
 
 
-@app.task(name="retry_once", bind=True, max_retries=1, default_retry_delay=0)
-def retry_once(self: Task, n: int) -> int:  # type: ignore[type-arg]
+@app.task(name="retry_once", bind=True, max_retries=1, default_retry_delay=0)  # type: ignore[untyped-decorator]
+def retry_once(self: Task, n: int) -> int:
     if self.request.retries == 0:
         raise self.retry(exc=RuntimeError(f"first run of {n} fails"))
     return n
