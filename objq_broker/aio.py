@@ -63,6 +63,7 @@ class AsyncQueue:
         poll_seconds: float = DEFAULT_POLL_SECONDS,
         max_poll_seconds: float = DEFAULT_MAX_POLL_SECONDS,
         broker: str | BrokerSettings | None = None,
+        implicit_queues: bool = False,
         **options: Any,
     ) -> None:
         #: The synchronous queue whose committer this one shares.
@@ -73,6 +74,7 @@ class AsyncQueue:
             poll_seconds=poll_seconds,
             max_poll_seconds=max_poll_seconds,
             broker=broker,
+            implicit_queues=implicit_queues,
             **options,
         )
         self._commits = 0
@@ -111,7 +113,7 @@ class AsyncQueue:
     async def declare(self, queue: str, **config: Any) -> bool:
         return await self._run(ops.declare(queue, config))
 
-    async def configure(self, queue: str, **changes: float) -> QueueConfig:
+    async def configure(self, queue: str, **changes: float | None) -> QueueConfig:
         return await self._run(ops.configure(queue, changes))
 
     async def config(self, queue: str) -> QueueConfig:

@@ -192,7 +192,10 @@ def enqueue(
     delay: Delay = None,
     max_attempts: int | None = None,
     keys: Sequence[str | None] | None = None,
+    to_declared: bool = False,
 ) -> ops.Enqueue:
+    """``to_declared``: add nothing if the queue does not exist (a routed message whose
+    binding outlived its queue); otherwise the queue is declared by this first use."""
     where = f"enqueue to {queue!r}"
     args = _enqueue_args(queue, priority, delay, max_attempts, where)
     items: list[NewJob] = []
@@ -219,7 +222,7 @@ def enqueue(
         )
     if keys is not None and len(keys) != len(items):
         raise ConfigurationError(f"{where}: {len(items)} payloads but {len(keys)} keys")
-    return ops.Enqueue(items)
+    return ops.Enqueue(items, to_declared)
 
 
 def enqueue_staged(
@@ -260,7 +263,10 @@ def enqueue_runs(queue: str, runs: Sequence[StagedRun], *, write_id: str) -> ops
 # --- consuming -------------------------------------------------------------------------------
 
 
-def claim(queues: Sequence[str], n: int, *, lease: Delay = None, owner: str) -> ops.Claim:
+def claim(
+    queues: Sequence[str], n: int, *, lease: Delay = None, owner: str, strict: bool = False
+) -> ops.Claim:
+    """``strict``: refuse a queue that is not declared (``QueueNotFound``)."""
     where = f"claim from {list(queues)!r}"
     args = checked(
         {
@@ -275,7 +281,7 @@ def claim(queues: Sequence[str], n: int, *, lease: Delay = None, owner: str) -> 
     # One random base per claim: a delay-queue consumer may ask for thousands at a time.
     base = uuid.uuid4().hex
     tokens = [f"{base}.{i}" for i in range(args.n)]
-    return ops.Claim(args.queues, tokens, args.owner, args.lease)
+    return ops.Claim(args.queues, tokens, args.owner, args.lease, strict)
 
 
 def _lease(lease: Delay, where: str) -> float | None:

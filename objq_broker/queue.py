@@ -32,6 +32,7 @@ from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
 from objq_broker.model.state import QueueStats, StagedBodies, StagedRun
 from objq_broker.ops import Delay, Delivery, default_owner
 from objq_broker.storage import ObjectStore
+from objq_broker.storage.metered import MeteredStore
 
 T = TypeVar("T")
 log = logging.getLogger("objq_broker.queue")
@@ -62,6 +63,11 @@ class Queue:
     ...     q.ack(delivery)
     ...     q.stats("emails").ready
     0
+
+    An enqueue declares its queue by first use; a claim does not: claiming from a queue
+    nobody declared raises :class:`~objq_broker.errors.QueueNotFound` (a typo must not wait
+    for ever), unless ``implicit_queues=True``, with which it finds nothing until an enqueue
+    creates the queue.
     """
 
     def __init__(
@@ -73,16 +79,22 @@ class Queue:
         poll_seconds: float = DEFAULT_POLL_SECONDS,
         max_poll_seconds: float = DEFAULT_MAX_POLL_SECONDS,
         broker: str | BrokerSettings | None = None,
+        implicit_queues: bool = False,
         **options: Any,
     ) -> None:
         settings = (
             broker if isinstance(broker, BrokerSettings) else broker_settings(broker, options)
         )
-        self.store, engine_options = resolve_store(url, store, options, "Queue")
+        opened, engine_options = resolve_store(url, store, options, "Queue")
+        #: The store, every request to it counted (``storage_meter``) for the metrics.
+        self.store = MeteredStore(opened)
+        self.storage_meter = self.store.meter
         #: Where operations go: the local group-commit engine, or a broker that commits for
         #: every process of the namespace.
         self.committer: Committer = open_committer(self.store, settings, engine_options)
         self.owner = owner or default_owner()
+        #: Claims from a queue nobody declared find nothing instead of raising.
+        self.implicit_queues = implicit_queues
         self.poll_seconds = poll_seconds
         self.max_poll_seconds = max(max_poll_seconds, poll_seconds)
         self._poll_wait = poll_seconds  # grows while claims find nothing
@@ -132,7 +144,9 @@ class Queue:
         self, queues: str | Sequence[str], n: int, lease: Delay, owner: str | None
     ) -> Claim:
         names = [queues] if isinstance(queues, str) else list(queues)
-        return ops.claim(names, n, lease=lease, owner=owner or self.owner)
+        return ops.claim(
+            names, n, lease=lease, owner=owner or self.owner, strict=not self.implicit_queues
+        )
 
     def then_fill(self, claim: Future[list[Delivery]]) -> Future[list[Delivery]]:
         """The deliveries of ``claim`` with their payloads loaded, without blocking: bodies
@@ -177,12 +191,14 @@ class Queue:
     # --- queues ----------------------------------------------------------------------------
 
     def declare(self, queue: str, **config: Any) -> bool:
-        """Declare ``queue`` (idempotent). ``config`` sets a new queue's defaults:
-        max_attempts, backoff_base_seconds, backoff_cap_seconds, lease_seconds,
-        dead_ttl_seconds, idempotency_seconds."""
+        """Declare ``queue`` (idempotent; declaring it again counts as using it). ``config``
+        sets a new queue's defaults: max_attempts, backoff_base_seconds, backoff_cap_seconds,
+        lease_seconds, dead_ttl_seconds, idempotency_seconds, and expires_seconds (delete the
+        queue once nobody has claimed from it, heartbeated its jobs or declared it for that
+        long, as kombu's ``x-expires``; None, the default: never)."""
         return self.submit(ops.declare(queue, config)).result()
 
-    def configure(self, queue: str, **changes: float) -> QueueConfig:
+    def configure(self, queue: str, **changes: float | None) -> QueueConfig:
         """Change the stored defaults of a declared queue."""
         return self.submit(ops.configure(queue, changes)).result()
 
@@ -194,7 +210,8 @@ class Queue:
         return self.submit(ops.purge(queue)).result()
 
     def delete_queue(self, queue: str) -> int:
-        """Remove the queue with its jobs and dead letters; returns how many jobs went."""
+        """Remove the queue with its jobs and dead letters, and every kombu binding to it
+        (once the commit landed); returns how many jobs went."""
         return self.submit(ops.delete_queue(queue)).result()
 
     # --- producing -------------------------------------------------------------------------

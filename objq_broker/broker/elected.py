@@ -180,6 +180,7 @@ class ElectedCommitter:
             total.storage_errors += counts.storage_errors
             total.max_batch_ops = max(total.max_batch_ops, counts.max_batch_ops)
             total.commit_seconds_total += counts.commit_seconds_total
+            total.commit_durations = total.commit_durations.merged(counts.commit_durations)
         return total
 
     @property

@@ -11,12 +11,13 @@ from typing import Any
 import msgspec
 
 from objq_broker.cli.context import Context
-from objq_broker.cli.output import UsageError, age, print_json, size, table, when
+from objq_broker.cli.output import UsageError, print_json, table
 from objq_broker.cli.render import job_dict, payload_fields, payload_preview
 from objq_broker.engine.snapshot import ACTIVE_CLIENT_SECONDS, Snapshot
 from objq_broker.errors import JobNotFound
 from objq_broker.model import durations
 from objq_broker.model.records import Job, QueueConfig
+from objq_broker.model.shown import age, size, when
 
 
 def parse_duration(text: str) -> float:

@@ -25,6 +25,7 @@ SETTINGS = {
     "lease": "lease_seconds",
     "dead-ttl": "dead_ttl_seconds",
     "idempotency": "idempotency_seconds",
+    "expires": "expires_seconds",
 }
 
 
@@ -264,11 +265,13 @@ def cmd_worker(ctx: Context) -> int:
             f"worker: expected --prefetch >= 0 and --timeout > 0, found {a.prefetch} and "
             f"{a.timeout}"
         )
-    # A worker may well start before the first job is enqueued: it declares the queue, and
-    # creates a missing directory as Dramatiq and Celery workers on the same URL do.
+    # A worker may well start before the first job is enqueued: it creates a missing
+    # directory as Dramatiq and Celery workers on the same URL do. It does not create its
+    # queue unless asked (--declare): a mistyped name must fail, not wait for ever.
     ctx.snapshot(create=True)
     queue = ctx.queue(create=True, serves=True)
-    queue.declare(a.queue)
+    if a.declare:
+        queue.declare(a.queue)
     worker = CommandWorker(
         queue,
         a.queue,

@@ -66,37 +66,8 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def when(at: float | None) -> str:
-    """A Unix time as ``2026-11-26 02:44:03Z``, or '-'."""
-    if not at:
-        return "-"
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
 def iso(at: float | None) -> str | None:
     return None if not at else datetime.fromtimestamp(at, UTC).isoformat()
-
-
-def age(seconds: float | None) -> str:
-    """A duration for people: ``42 s``, ``3 min``, ``2.5 h``, ``4.0 d``."""
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
-
-
-def size(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    raise AssertionError("unreachable")
 
 
 def confirm(question: str, *, yes: bool, stdin: TextIO | None = None) -> None:

@@ -172,6 +172,14 @@ def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     sub.add_argument("--older-than", metavar="AGE", help="also those stored before (7d, 12h)")
     sub.add_argument("--prefix", default="results/", help="where they are (results/)")
 
+    from objq_broker.cli import gc
+
+    sub = _add(commands, common, "gc", gc.cmd_gc, "delete objects no state refers to")
+    sub.add_argument(
+        "--older-than", metavar="AGE", help="only those written longer ago (1h; less asks first)"
+    )
+    sub.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
+
     sub = _add(commands, common, "purge", operate.cmd_purge, "delete ready and delayed jobs")
     sub.add_argument("queue")
     queues = _group(commands, common, "queue", "queues themselves")
@@ -193,8 +201,11 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     sub.add_argument("--prefetch", type=int, help="jobs claimed ahead (default: --count)")
     sub.add_argument("--timeout", metavar="SECONDS", help="for jobs that set none")
     sub.add_argument("--burst", action="store_true", help="exit once the queue is empty")
+    sub.add_argument(
+        "--declare", action="store_true", help="declare the queue if missing (else: an error)"
+    )
 
-    from objq_broker.cli import broker, demo, exporter
+    from objq_broker.cli import broker, dashboard, demo, exporter
 
     sub = _add(
         commands, common, "broker", broker.cmd_broker, "commit for other processes (or stand by)"
@@ -225,6 +236,21 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         default=exporter.DEFAULT_LISTEN,
         metavar="HOST:PORT",
         help=f"where to serve /metrics ({exporter.DEFAULT_LISTEN}); other hosts need 0.0.0.0:PORT",
+    )
+
+    sub = _add(commands, common, "dashboard", dashboard.cmd_dashboard, "a web UI of the store")
+    sub.add_argument(
+        "--listen",
+        type=exporter.listen_address,
+        default=dashboard.DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"where to serve ({dashboard.DEFAULT_LISTEN}); other hosts need 0.0.0.0:PORT",
+    )
+    sub.add_argument(
+        "--token",
+        default=None,
+        help="allow retrying and purging dead letters after logging in with this token "
+        "(default: $OBJQ_DASHBOARD_TOKEN; none: read-only)",
     )
 
     # The demo's own --url help: it defaults to ./objq-data, never to $OBJQ_URL.

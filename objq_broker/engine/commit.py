@@ -39,9 +39,16 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from objq_broker.engine.archive import archive_key
+from objq_broker.engine.bindings import unbind_queues
 from objq_broker.engine.bodies import BodyCache
+from objq_broker.engine.garbage import (
+    DEFAULT_GC_INTERVAL_SECONDS,
+    DEFAULT_OLDER_THAN_SECONDS,
+    Sweeper,
+)
 from objq_broker.engine.janitor import Janitor
 from objq_broker.engine.runs import MERGE_AT, MergeReads, read_runs
+from objq_broker.engine.timings import Durations
 from objq_broker.errors import (
     AccessDenied,
     BucketNotFound,
@@ -93,6 +100,10 @@ MAX_IDLE_TICK_SECONDS = 16.0
 EXCLUSIVE_RECHECK_SECONDS = 30.0
 #: Longest pause before retrying after a conflict (jitter, so losers do not collide again).
 CONFLICT_JITTER_SECONDS = 0.003
+#: For this long after a conflict, another writer is taken to be active: each commit reads
+#: the state before writing (a read that finds it unchanged costs no decode) instead of
+#: writing blind on its cached copy, losing, and reading anyway.
+CONTENDED_SECONDS = 1.0
 #: Longest adaptive wait for a batch to fill (see ``Engine._linger``).
 ADAPTIVE_LINGER_MAX_SECONDS = 0.02
 #: How many runs an engine keeps read beyond those its current batch needs.
@@ -100,6 +111,10 @@ RUN_CACHE_SIZE = 16
 #: Ready (or delayed) jobs a queue keeps in the state's head before they move to a run; dead
 #: letters and idempotency keys likewise (``docs/segments.md``).
 DEFAULT_SPILL_AT = 1_000
+#: While the state is smaller than this, payloads larger than the model's inline limit stay in
+#: it too: a bodies object would cost a second write per commit and a read per consumer, more
+#: than the bytes cost while the state is small. Past it, they go out of line (``bodies/``).
+DEFAULT_INLINE_STATE_BYTES = 64 * 1024
 #: How often an engine whose namespace has runs lists them to delete orphans (one LIST
 #: request per thousand runs on S3 or GCS).
 RUN_SWEEP_SECONDS = 600.0
@@ -142,9 +157,12 @@ class EngineMetrics:
     dead_lettered: int = 0
     released: int = 0
     expired: int = 0
+    #: How long this process's own commits took (``engine.timings``).
+    commit_durations: Durations = field(default_factory=Durations)
 
     def snapshot(self) -> dict[str, float]:
-        return dict(self.__dict__)
+        """The counters (the durations histogram apart)."""
+        return {k: v for k, v in self.__dict__.items() if k != "commit_durations"}
 
     def count(self, events: Mapping[str, int]) -> None:
         """Add job events (names of :data:`~objq_broker.model.tally.JOB_EVENTS`)."""
@@ -211,22 +229,20 @@ class Engine:
         seed: int | None = None,
         spill_at: int | None = DEFAULT_SPILL_AT,
         run_jobs: int = MAX_RUN_JOBS,
+        gc_interval_seconds: float | None = DEFAULT_GC_INTERVAL_SECONDS,
+        gc_older_than_seconds: float = DEFAULT_OLDER_THAN_SECONDS,
+        inline_state_bytes: int = DEFAULT_INLINE_STATE_BYTES,
     ) -> None:
         if max_batch_ops < 1 or max_batch_bytes < 1:
             raise ConfigurationError(
                 f"Engine: max_batch_ops and max_batch_bytes must be >= 1, found "
                 f"{max_batch_ops} and {max_batch_bytes}"
             )
-        if isinstance(run_jobs, bool) or not isinstance(run_jobs, int) or run_jobs < 1:
-            raise ConfigurationError(
-                f"Engine: run_jobs must be an integer >= 1, found {run_jobs!r}"
-            )
-        if spill_at is not None and (
-            isinstance(spill_at, bool) or not isinstance(spill_at, int) or spill_at < 0
-        ):
-            raise ConfigurationError(
-                f"Engine: spill_at must be an integer >= 0 or None (never), found {spill_at!r}"
-            )
+        _check_counts(run_jobs=run_jobs, spill_at=spill_at, inline_state_bytes=inline_state_bytes)
+        _check_gc(gc_interval_seconds, gc_older_than_seconds)
+        self.inline_state_bytes = inline_state_bytes
+        self._state_bytes = 0  # size of the state as last read or written
+        self._contended_until = 0.0  # monotonic time until which other writers seem active
         self.store = store
         self.key = key
         self.archive = archive
@@ -258,6 +274,17 @@ class Engine:
         self.bodies = bodies if bodies is not None else BodyCache(store)
         self._janitor = Janitor(store)
         self._merge_reads = MergeReads(store, self._janitor, run_jobs)
+        #: Collects unreferenced objects now and then (``docs/deploy.md``); None: never.
+        self.sweeper = (
+            None
+            if gc_interval_seconds is None
+            else Sweeper(
+                store,
+                self._janitor,
+                interval=gc_interval_seconds,
+                older_than=gc_older_than_seconds,
+            )
+        )
         self._rng = random.Random(seed)
         self._state: QueueState | None = None
         self._version: str | None = None
@@ -358,7 +385,13 @@ class Engine:
         if state is None:
             return Readiness(0, {}, {})
         counts = {name: state.readied_in.get(name, 0) for name in queues}
-        due = {name: at for name in counts if (at := state.next_visible(name)) is not None}
+        due: dict[str, float] = {}
+        for name in counts:
+            # A claimer parked on a queue that expires claims again in time to keep it.
+            times = (state.next_visible(name), state.touch_due(name))
+            found = [at for at in times if at is not None]
+            if found:
+                due[name] = min(found)
         return Readiness(id(state), counts, due)
 
     @property
@@ -450,6 +483,7 @@ class Engine:
                 self._committing = 0
                 self._expected = self._callers
             self.metrics.commit_seconds_total += self._last_commit_seconds
+            self.metrics.commit_durations.observe(self._last_commit_seconds)
             for listener in self._commit_listeners:
                 listener()
 
@@ -486,6 +520,7 @@ class Engine:
         the previous conflict turned out to be another writer's progress."""
         if isinstance(exc, PreconditionFailed):
             self._lost_against = self._version
+            self._contended_until = time.monotonic() + CONTENDED_SECONDS
             self.metrics.conflicts += 1
         else:
             self.metrics.storage_errors += 1
@@ -499,7 +534,8 @@ class Engine:
     def _try_commit(self, live: list[_Op], fresh: bool, latest: bool) -> bool:
         """One try; True when every op is settled, False to try again at once."""
         failed = self._failed_tries
-        state = self._load(force=bool(failed), fresh=fresh, latest=latest)
+        contended = not self.exclusive and time.monotonic() < self._contended_until
+        state = self._load(force=bool(failed), fresh=fresh, latest=latest or contended)
         recent = set(state.doc.recent_commits)
         landed = next((a for a in failed if a.commit_id in recent), None)
         if landed is not None:
@@ -580,6 +616,9 @@ class Engine:
                     f"writer's epoch {self.epoch}; this writer stops"
                 )
             state, version = QueueState(doc), blob.version
+        self._state_bytes = 0 if blob is None else len(blob.data)
+        if self.exclusive and state is not self._state:
+            state.hold_marks(self.clock())  # the only writer: use costs no write of its own
         state.run_contents = self._run_cache
         state.key_contents = self._key_cache
         self._state, self._version = state, version
@@ -635,16 +674,7 @@ class Engine:
         doc.commit_id = attempt.commit_id
         doc.committed_at = now
         doc.recent_commits = [*doc.recent_commits, attempt.commit_id][-RECENT_COMMITS:]
-        if state.new_bodies:
-            # Bodies first: the state must never refer to an object that is not stored.
-            content = state.new_bodies_content()
-            key = self._spare_holding(content) or bodies_key(attempt.commit_id)
-            entries = state.externalize(key)
-            if entries and not self._reuse(key, attempt):
-                self.store.write(key, encode_bodies(entries), if_absent=True)
-                self._wrote(attempt, key, content)
-                self.bodies.remember(key, entries)
-                self.metrics.bodies_writes += 1
+        self._write_bodies(state, attempt)
         self._write_runs(state, attempt)
         if self.archive and attempt.finished:
             # Archive first: a job leaves the state only once its record is stored.
@@ -659,6 +689,7 @@ class Engine:
                 self._wrote(attempt, key, content)
                 self.metrics.archive_writes += 1
         data = state.encode()
+        self._state_bytes = len(data)
         if self._version is None:
             version = self.store.write(self.key, data, if_absent=True)
         else:
@@ -677,9 +708,45 @@ class Engine:
             self._run_cache.pop(key, None)
             self._key_cache.pop(key, None)
         self._janitor.delete(consumed, "consumed run")
-        self._sweep_runs(state)
+        self._unbind_removed(state)
+        self._sweep(state)
         if self.spill_at is not None:
             self._merge_reads.plan(state, self._run_cache)
+
+    def _unbind_removed(self, state: QueueState) -> None:
+        """The queues this commit deleted (or found expired) lose their kombu bindings, off
+        the writer thread. If that fails, what those bindings route is dropped all the same
+        (a routed message never brings its queue back), and the next delete retries."""
+        removed, state.removed_queues = state.removed_queues, []
+        if not removed:
+            return
+
+        def unbind() -> None:
+            unbind_queues(self.store, removed)
+
+        self._janitor.run(unbind, f"the bindings of removed queues {removed}")
+
+    def _write_bodies(self, state: QueueState, attempt: _Attempt) -> None:
+        """Move this commit's large payloads out of the state, unless it is small enough to
+        keep them. Bodies first: the state must never refer to an object that is not stored."""
+        if state.new_bodies and self._bodies_fit(state):
+            state.keep_bodies_inline()
+        if not state.new_bodies:
+            return
+        content = state.new_bodies_content()
+        key = self._spare_holding(content) or bodies_key(attempt.commit_id)
+        entries = state.externalize(key)
+        if entries and not self._reuse(key, attempt):
+            self.store.write(key, encode_bodies(entries), if_absent=True)
+            self._wrote(attempt, key, content)
+            self.bodies.remember(key, entries)
+            self.metrics.bodies_writes += 1
+
+    def _bodies_fit(self, state: QueueState) -> bool:
+        """Whether this commit's large payloads may stay in the state: it stays under
+        ``inline_state_bytes`` with them (as of its last size: close enough, and free)."""
+        added = sum(len(job.body) for job in state.new_bodies)
+        return self._state_bytes + added <= self.inline_state_bytes
 
     def _write_runs(self, state: QueueState, attempt: _Attempt) -> None:
         """Merge small runs and spill (when on), and write the runs this commit made: before
@@ -694,6 +761,12 @@ class Engine:
             self.store.write(key, data, if_absent=True)
             self._wrote(attempt, key, ("run", key))
         state.new_runs.clear()
+
+    def _sweep(self, state: QueueState) -> None:
+        """After a commit landed: look for orphan runs, and for garbage, when either is due."""
+        self._sweep_runs(state)
+        if self.sweeper is not None:
+            self.sweeper.after_commit()
 
     def _sweep_runs(self, state: QueueState) -> None:
         """Now and then (first after this engine's first commit, so a process restarted after
@@ -765,3 +838,38 @@ class Engine:
         for op in ops:
             if not op.future.done():
                 op.future.set_exception(exc)
+
+
+def _check_counts(*, run_jobs: int, spill_at: int | None, inline_state_bytes: int) -> None:
+    """Refuse engine settings that must be whole numbers in range."""
+
+    def whole(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not whole(run_jobs) or run_jobs < 1:
+        raise ConfigurationError(f"Engine: run_jobs must be an integer >= 1, found {run_jobs!r}")
+    if spill_at is not None and (not whole(spill_at) or spill_at < 0):
+        raise ConfigurationError(
+            f"Engine: spill_at must be an integer >= 0 or None (never), found {spill_at!r}"
+        )
+    if not whole(inline_state_bytes) or inline_state_bytes < 0:
+        raise ConfigurationError(
+            "Engine: inline_state_bytes must be an integer >= 0 (0: large payloads always "
+            f"out of line), found {inline_state_bytes!r}"
+        )
+
+
+def _check_gc(interval: float | None, older_than: float) -> None:
+    """Refuse garbage-collection settings that are not a positive interval (or None) and an
+    age of zero or more."""
+    if interval is not None and (
+        isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0
+    ):
+        raise ConfigurationError(
+            f"Engine: gc_interval_seconds must be a number of seconds > 0, or None (never), "
+            f"found {interval!r}"
+        )
+    if isinstance(older_than, bool) or not isinstance(older_than, int | float) or older_than < 0:
+        raise ConfigurationError(
+            f"Engine: gc_older_than_seconds must be a number of seconds >= 0, found {older_than!r}"
+        )

@@ -26,6 +26,9 @@ ENGINE_OPTIONS = frozenset(
         "clock",
         "seed",
         "spill_at",
+        "gc_interval_seconds",
+        "gc_older_than_seconds",
+        "inline_state_bytes",
     }
 )
 

@@ -86,6 +86,18 @@ class Snapshot:
         cutoff = self.read_at - within_seconds
         return sum(1 for mark in self._state.doc.sessions.values() if mark.at >= cutoff)
 
+    def broker_sessions(self) -> list[tuple[str, float]]:
+        """The broker clients whose last request the state remembers, with when it changed
+        the state, latest first."""
+        marks = self._state.doc.sessions.items()
+        return sorted(((client, mark.at) for client, mark in marks), key=lambda s: -s[1])
+
+    @property
+    def enqueued_total(self) -> int:
+        """How many jobs were ever put into the namespace's queues (a dead letter sent back
+        counts again): the counter that numbers them, which only grows."""
+        return self._state.doc.seq
+
     @property
     def epoch(self) -> int:
         """How many times a broker took over the namespace."""

@@ -14,11 +14,12 @@ from queue import Empty
 from typing import TYPE_CHECKING, Any
 
 from kombu.transport import virtual
+from kombu.transport.base import to_rabbitmq_queue_arguments
 from kombu.utils.json import dumps, loads
 
 from objq_broker import ops
 from objq_broker.consume import ClaimWindow
-from objq_broker.errors import QueueNotFound
+from objq_broker.errors import ConfigurationError, QueueNotFound
 from objq_broker.kombu.outcomes import JOB_PROPERTY, QUEUE_PROPERTY
 from objq_broker.kombu.settings import TransportSettings
 from objq_broker.queue import Delivery, Queue
@@ -104,8 +105,14 @@ class Channel(virtual.Channel):
             self._auto_delete.add(declared.queue)
         return declared
 
+    def prepare_queue_arguments(self, arguments: Any, **kwargs: Any) -> dict[str, Any]:
+        """kombu's ``Queue(expires=...)`` (and message_ttl, ...) as AMQP arguments, so
+        ``x-expires`` reaches :meth:`_new_queue` as it would reach RabbitMQ."""
+        prepared: dict[str, Any] = to_rabbitmq_queue_arguments(arguments, **kwargs)
+        return prepared
+
     def _new_queue(self, queue: str, **kwargs: Any) -> None:
-        self.connection.declare(queue)
+        self.connection.declare(queue, _expires_seconds(queue, kwargs.get("arguments")))
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
         return queue in self.client.queues()
@@ -226,18 +233,31 @@ class Channel(virtual.Channel):
         self._put_many([queue], message)
 
     def _put_many(self, queues: Iterable[str], message: dict[str, Any]) -> None:
+        """One copy of ``message`` to each queue. A message routed through an exchange goes
+        only to queues that exist: a binding that outlived its queue (deleted, or expired
+        after its consumer was killed) must not bring the queue back to gather messages for
+        ever. Such a binding is removed here. Sent to a queue by name, it declares it."""
         payload = dumps(message).encode()
         priority = -self._get_message_priority(message)
+        routed = bool(message.get("properties", {}).get("delivery_info", {}).get("exchange"))
+        names = list(queues)
         futures = [
             self.client.submit(
                 ops.enqueue(
-                    queue, [payload], priority=priority, max_attempts=self.settings.max_deliveries
+                    queue,
+                    [payload],
+                    priority=priority,
+                    max_attempts=self.settings.max_deliveries,
+                    to_declared=routed,
                 )
             )
-            for queue in queues
+            for queue in names
         ]
-        for future in futures:  # submitted together: usually one commit for all copies
-            future.result()
+        # Submitted together: usually one commit for all copies.
+        gone = [queue for queue, future in zip(names, futures, strict=True) if not future.result()]
+        if gone:
+            log.info("dropped a message routed to removed queue(s) %s; unbinding them", gone)
+            self.connection.exchanges.unbind_queues(gone)
 
     # --- consuming -------------------------------------------------------------------------
 
@@ -444,6 +464,19 @@ class Channel(virtual.Channel):
                 self.release_held()
         else:
             super().close()
+
+
+def _expires_seconds(queue: str, arguments: Any) -> float | None:
+    """The queue's ``x-expires`` (milliseconds, as AMQP has it) in seconds; None if unset."""
+    raw = (arguments or {}).get("x-expires")
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw <= 0:
+        raise ConfigurationError(
+            f"queue {queue!r}: expected x-expires as a positive number of milliseconds, "
+            f"found {raw!r}"
+        )
+    return float(raw) / 1000.0
 
 
 def _expired(props: dict[str, Any], enqueued_at: float, now: float) -> bool:

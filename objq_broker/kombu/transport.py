@@ -27,6 +27,9 @@ Mapping onto objq (see ``docs/celery.md``):
   releases what it holds; a killed process's leases expire and their messages come back.
 * Exchanges and bindings are kept in the store (:mod:`objq_broker.kombu.routing`), so direct,
   topic and fanout routing work across processes (Celery broadcast and remote control).
+* A queue declared with ``expires`` (``x-expires``) is deleted with its bindings once unused
+  that long (Celery's event, pidbox and ``rpc://`` reply queues); a routed message never
+  brings a deleted queue back.
 * The transport joins kombu's event loop through a wakeup socket
   (:mod:`objq_broker.kombu.events`), so Celery runs its event-driven consumer on it.
 """
@@ -189,7 +192,13 @@ class Transport(virtual.Transport):
         assert self._exchanges is not None
         return self._exchanges
 
-    def declare(self, queue: str) -> None:
+    def declare(self, queue: str, expires_seconds: float | None = None) -> None:
+        """Declare ``queue`` once per connection; a queue that expires is declared every
+        time, as declaring it again counts as using it (and brings it back once expired)."""
+        if expires_seconds is not None:
+            self.open_queue().declare(queue, expires_seconds=expires_seconds)
+            self._declared.discard(queue)
+            return
         if queue in self._declared:
             return
         self.open_queue().declare(queue)

@@ -2,9 +2,9 @@
 
 These are counted by the process that commits (or, through the namespace's broker, sends) the
 operations, since it started; no other process can see them, so they are exposed from that
-process. The engine keeps sums, not distributions: the mean commit time is
-``rate(objq_engine_commit_seconds_total) / rate(objq_engine_batches_total)`` (when the process
-commits itself), and there is no histogram to invent one from.
+process. Commit durations are a histogram (``objq_engine_commit_duration_seconds``, fixed
+buckets from 1 ms to 10 s, see :mod:`objq_broker.engine.timings`), so the processes of a
+namespace add up bucket by bucket.
 """
 
 from __future__ import annotations
@@ -138,6 +138,36 @@ ENGINE_FAMILIES: dict[str, Family] = {
 }
 
 
+#: What this process asked of each store, counted as each request returned (failed ones too,
+#: as they are billed): ``Queue.storage_meter``.
+STORAGE_REQUESTS = Family(
+    "objq_storage_requests_total",
+    "counter",
+    "Requests this process made to the store, by kind: read and write (the state's conditional "
+    "ones), put and get (immutable objects: bodies, runs, archive), delete and list.",
+    ("store", "kind"),
+)
+STORAGE_BYTES = Family(
+    "objq_storage_bytes_total",
+    "counter",
+    "Bytes this process read from (direction=read) and wrote to (direction=written) the store.",
+    ("store", "direction"),
+    unit="bytes",
+)
+
+
+#: How long this process's own commits took (a process that sends its operations to a broker
+#: commits only while it is the broker).
+COMMIT_DURATIONS = Family(
+    "objq_engine_commit_duration_seconds",
+    "histogram",
+    "How long this process's commits took: batch applied, objects and state written, retries "
+    "included.",
+    STORE_LABEL,
+    unit="seconds",
+)
+
+
 class CommitCollector:
     """Exposes the commit counters of this process's queues, one ``store`` label each.
 
@@ -165,9 +195,27 @@ class CommitCollector:
         self.queues = queues
 
     def describe(self) -> list[Metric]:
-        return [family.build() for family in ENGINE_FAMILIES.values()]
+        families = [*ENGINE_FAMILIES.values(), STORAGE_REQUESTS, STORAGE_BYTES, COMMIT_DURATIONS]
+        return [family.build() for family in families]
 
     def collect(self) -> Iterator[Metric]:
-        counts = [(queue.store.url, queue.metrics().snapshot()) for queue in self.queues]
+        metrics = [(queue.store.url, queue.metrics()) for queue in self.queues]
+        counts = [(url, values.snapshot()) for url, values in metrics]
         for field, family in ENGINE_FAMILIES.items():
             yield family.build(((url,), values[field]) for url, values in counts)
+        yield COMMIT_DURATIONS.histogram(
+            ((url,), values.commit_durations.cumulative(), values.commit_durations.total_seconds)
+            for url, values in metrics
+        )
+        meters = [(queue.store.url, queue.storage_meter.snapshot()) for queue in self.queues]
+        yield STORAGE_REQUESTS.build(
+            ((url, kind), n) for url, meter in meters for kind, n in meter.requests.items()
+        )
+        yield STORAGE_BYTES.build(
+            sample
+            for url, meter in meters
+            for sample in (
+                ((url, "read"), meter.bytes_read),
+                ((url, "written"), meter.bytes_written),
+            )
+        )

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import msgspec
 
-from objq_broker.errors import BrokerTaken, ObjqError
+from objq_broker.errors import BrokerTaken, ObjqError, QueueNotFound
 from objq_broker.model.checks import (
     Attempts,
     Identifier,
@@ -80,7 +80,7 @@ class Declare(Op[bool], frozen=True):
     config: QueueConfig | None = None
 
     def apply(self, state: QueueState, now: float) -> bool:
-        return state.declare(self.queue, self.config)
+        return state.declare(self.queue, self.config, now)
 
     def replay(self, state: QueueState, now: float) -> bool:
         return False
@@ -88,10 +88,10 @@ class Declare(Op[bool], frozen=True):
 
 class Configure(Op[QueueConfig], frozen=True):
     queue: QueueName
-    changes: dict[str, int | float]
+    changes: dict[str, int | float | None]
 
     def apply(self, state: QueueState, now: float) -> QueueConfig:
-        return state.configure(self.queue, self.changes)
+        return state.configure(self.queue, self.changes, now)
 
     def replay(self, state: QueueState, now: float) -> QueueConfig:
         return state.config(self.queue)
@@ -121,13 +121,23 @@ class DeleteQueue(Op[int], frozen=True):
 
 
 class Enqueue(Op[list[Job]], frozen=True):
+    """Add jobs, declaring their queues by first use; with ``to_declared``, only the jobs of
+    queues that exist are added (a message routed by a binding that outlived its queue is
+    dropped, as AMQP drops what no queue takes, instead of bringing the queue back)."""
+
     items: list[NewJob]
+    to_declared: bool = False
 
     def apply(self, state: QueueState, now: float) -> list[Job]:
-        return state.enqueue(self.items, now)
+        return state.enqueue(self._kept(state), now)
 
     def replay(self, state: QueueState, now: float) -> list[Job]:
-        return state.enqueued(self.items, now)
+        return state.enqueued(self._kept(state), now)
+
+    def _kept(self, state: QueueState) -> list[NewJob]:
+        if not self.to_declared:
+            return self.items
+        return [item for item in self.items if item.queue in state.doc.queues]
 
     @property
     def size(self) -> int:
@@ -184,8 +194,15 @@ class Claim(Op[list[Job]], frozen=True):
     tokens: list[str]
     owner: Identifier
     lease_seconds: PositiveSeconds | None = None
+    #: Refuse (:class:`~objq_broker.errors.QueueNotFound`) when a queue is not declared,
+    #: instead of finding nothing in it until an enqueue creates it.
+    strict: bool = False
 
     def apply(self, state: QueueState, now: float) -> list[Job]:
+        if self.strict:
+            missing = [name for name in self.queues if name not in state.doc.queues]
+            if missing:
+                raise QueueNotFound(state.not_declared(missing[0]))
         found: list[Job] = []
         for name in self.queues:
             if len(found) >= len(self.tokens):
@@ -512,6 +529,8 @@ def runs_needed(
         *state.due_runs(now),
         *state.expired_dead_runs(now),
     ]
+    for queue in state.expiring(now):  # deleted by this commit's housekeeping
+        found += [*state.runs_of(queue), *state.dead_runs_of(queue)]
     claims: dict[str, int] = {}
     for op in _flat(ops):
         if isinstance(op, Claim):

@@ -125,6 +125,10 @@ class QueueConfig(msgspec.Struct):
     lease_seconds: PositiveSeconds = DEFAULT_LEASE_SECONDS
     dead_ttl_seconds: PositiveSeconds = DEFAULT_DEAD_TTL_SECONDS
     idempotency_seconds: PositiveSeconds = DEFAULT_IDEMPOTENCY_SECONDS
+    #: Delete the queue (jobs, dead letters, and its kombu bindings) once nobody has used it
+    #: for this long: no claim, no heartbeat of its jobs, no declare (kombu's ``x-expires``;
+    #: enqueues do not count). None: the queue never expires.
+    expires_seconds: PositiveSeconds | None = None
 
 
 class KeyRecord(msgspec.Struct, array_like=True):
@@ -222,6 +226,9 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     dead_runs: dict[str, list[RunRef]] = msgspec.field(default_factory=dict)
     #: Each queue's idempotency keys kept out of the head (format 2 only).
     key_runs: dict[str, list[KeyRunRef]] = msgspec.field(default_factory=dict)
+    #: When each queue that expires was last used (claimed from, heartbeated or declared),
+    #: kept only for queues with ``expires_seconds``.
+    used: dict[str, float] = msgspec.field(default_factory=dict)
 
     def has_runs(self) -> bool:
         """Whether anything is kept out of the head (the state then needs format 2)."""

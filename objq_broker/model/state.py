@@ -67,6 +67,11 @@ from objq_broker.model.runs import (
     take_due,
 )
 
+#: A queue that expires has its last-used mark written again once the mark is this fraction
+#: of its expiry old: a consumer that polls more often than every half expiry keeps its queue,
+#: and costs one write per half expiry, not one per poll.
+TOUCH_FRACTION = 0.5
+
 _ReadyEntry = tuple[int, int, str]  # (priority, seq, job id)
 _TimedEntry = tuple[float, int, str]  # (visible_at, seq, job id)
 _job_encoder = msgspec.json.Encoder()
@@ -232,6 +237,12 @@ class QueueState:
         self.new_runs: list[tuple[str, bytes]] = []
         #: Runs whose jobs are all gone: delete them once the commit landed.
         self.unused_runs: list[str] = []
+        #: Queues deleted (or expired) since the last commit: their kombu bindings are
+        #: removed once the commit landed.
+        self.removed_queues: list[str] = []
+        #: Whether noting a queue's use is worth a write of its own. The elected broker, the
+        #: only writer, keeps its marks in memory until its next commit (:meth:`hold_marks`).
+        self.write_touches = True
         for job in self.jobs.values():
             self._members.setdefault(job.queue, set()).add(job.id)
             self._push_timed(job)
@@ -349,32 +360,101 @@ class QueueState:
     def config(self, queue: str) -> QueueConfig:
         found = self.doc.queues.get(queue)
         if found is None:
-            raise QueueNotFound(f"queue {queue!r} is not declared; declared: {self.queue_names()}")
+            raise QueueNotFound(self.not_declared(queue))
         return found
+
+    def not_declared(self, queue: str) -> str:
+        """Why ``queue`` cannot be used: it is not declared (and how to declare it)."""
+        return (
+            f"queue {queue!r} is not declared; declared: {self.queue_names()}; "
+            f"declare it first (objq declare {queue}, or Queue.declare({queue!r}))"
+        )
 
     def queue_names(self) -> list[str]:
         return sorted(self.doc.queues)
 
-    def declare(self, queue: str, config: QueueConfig | None = None) -> bool:
-        """Declare ``queue`` if new (with ``config`` or the defaults); True if it was new."""
+    def declare(
+        self, queue: str, config: QueueConfig | None = None, now: float | None = None
+    ) -> bool:
+        """Declare ``queue`` if new (with ``config`` or the defaults); True if it was new.
+        Declaring a queue again counts as using it (``now``: when)."""
         check_queue_name(queue)
         if queue in self.doc.queues:
+            if now is not None:
+                self.touch(queue, now)
             return False
         # Checked here too: a config built in code skips msgspec's constraints, and one bad
         # value in the state would stop every process that shares it.
         settings = QueueConfig() if config is None else settings_of(queue, config)
         self.doc.queues[queue] = settings
         self._members.setdefault(queue, set())
+        if settings.expires_seconds is not None and now is not None:
+            self.doc.used[queue] = now
         self.dirty = True
         return True
 
-    def configure(self, queue: str, changes: dict[str, float | int]) -> QueueConfig:
+    def touch(self, queue: str, now: float) -> None:
+        """Note that ``queue`` is in use (a claim, a heartbeat, a declare), if it expires.
+        The mark is written only once it is :data:`TOUCH_FRACTION` of the expiry old."""
+        config = self.doc.queues.get(queue)
+        if config is None or config.expires_seconds is None:
+            return
+        last = self.doc.used.get(queue)
+        if last is None or now - last >= config.expires_seconds * TOUCH_FRACTION:
+            self.doc.used[queue] = now
+            self.dirty = self.dirty or self.write_touches
+
+    def hold_marks(self, now: float) -> None:
+        """Keep the marks of use in memory from now on, written with the next commit that
+        writes anyway, and count every queue as used ``now``. For the only writer (the elected
+        broker): it sees every use, but the marks it read may be older than its predecessor's
+        memory, so it gives each queue a full expiry from when it took the state over."""
+        self.write_touches = False
+        for queue in self.doc.used:
+            self.doc.used[queue] = max(self.doc.used[queue], now)
+
+    def touch_due(self, queue: str) -> float | None:
+        """When a consumer of ``queue`` should next use it to keep it from expiring (a claim
+        waiting at a broker is tried again then); None if the queue does not expire."""
+        config = self.doc.queues.get(queue)
+        last = self.doc.used.get(queue)
+        if config is None or config.expires_seconds is None or last is None:
+            return None
+        return last + config.expires_seconds * TOUCH_FRACTION
+
+    def expiring(self, now: float) -> list[str]:
+        """The queues unused for their ``expires_seconds`` at ``now``: the next commit deletes
+        them (their runs must have been read first)."""
+        found: list[str] = []
+        for queue, last in self.doc.used.items():
+            expires = self.doc.queues[queue].expires_seconds if queue in self.doc.queues else None
+            if expires is not None and now - last >= expires:
+                found.append(queue)
+        return found
+
+    def _expire_queues(self, now: float) -> int:
+        """Delete the queues unused for their expiry, with their jobs and dead letters."""
+        for queue in [q for q in self.doc.used if q not in self.doc.queues]:
+            del self.doc.used[queue]  # left by a release that did not know the mark
+            self.dirty = True
+        doomed = self.expiring(now)
+        for queue in doomed:
+            self.delete_queue(queue)
+        return len(doomed)
+
+    def configure(
+        self, queue: str, changes: dict[str, float | int | None], now: float = 0.0
+    ) -> QueueConfig:
         current = self.config(queue)
         updated = settings_of(queue, current, changes)
         if updated != current:
             self.doc.queues[queue] = updated
             self.dirty = True
             self._sweep_at = float("-inf")  # a new retention moves expiry times
+            if updated.expires_seconds is None:
+                self.doc.used.pop(queue, None)
+            elif current.expires_seconds is None:
+                self.doc.used[queue] = now
         return updated
 
     def purge(self, queue: str) -> int:
@@ -402,6 +482,8 @@ class QueueState:
         in_runs = self._drop_runs(queue) + self._drop_dead_runs(queue)
         self.unused_runs += [ref.key for ref in self.doc.key_runs.pop(queue, [])]
         del self.doc.queues[queue]
+        self.doc.used.pop(queue, None)
+        self.removed_queues.append(queue)
         self._members.pop(queue, None)
         self._ready.pop(queue, None)
         self._timed.pop(queue, None)
@@ -625,6 +707,7 @@ class QueueState:
         config = self.doc.queues.get(queue)
         if config is None or not tokens:
             return []
+        self.touch(queue, now)
         self._promote(queue, now)
         seconds = lease_seconds if lease_seconds is not None else config.lease_seconds
         heap = self._ready.get(queue, [])
@@ -986,6 +1069,7 @@ class QueueState:
             job.lease = Lease(job.lease.token, job.lease.owner, now + seconds)
             job.visible_at = job.lease.expires_at
             self._push_timed(job)
+            self.touch(job.queue, now)
             self.dirty = True
             alive.append(True)
         return alive
@@ -1077,7 +1161,10 @@ class QueueState:
         return released
 
     def expire(self, now: float) -> int:
-        """Return stale leases to their queues; drop dead letters and keys past retention."""
+        """Delete queues unused past their expiry; return stale leases to their queues; drop
+        dead letters and keys past retention."""
+        if self.doc.used:
+            self._expire_queues(now)
         expired = 0
         for queue in list(self._timed):
             for job in self._due(queue, now):
@@ -1327,6 +1414,11 @@ class QueueState:
             for job in self.new_bodies
             if job.ref is None and (job.id in self.jobs or job.id in self.dead)
         ]
+
+    def keep_bodies_inline(self) -> None:
+        """Leave the large bodies enqueued since the last commit inside the state (it is
+        small enough): nothing to move out."""
+        self.new_bodies.clear()
 
     def externalize(self, key: str) -> list[tuple[str, bool]]:
         """Move the large bodies enqueued since the last commit into bodies object ``key``;

@@ -6,8 +6,8 @@ only when opened, so ``import objq_broker.storage`` needs neither installed.
 
 from __future__ import annotations
 
-from objq_broker.storage.base import Blob, ObjectStore
+from objq_broker.storage.base import Blob, ObjectMeta, ObjectStore
 from objq_broker.storage.memory import MemoryStore
 from objq_broker.storage.url import open_store
 
-__all__ = ["Blob", "MemoryStore", "ObjectStore", "open_store"]
+__all__ = ["Blob", "MemoryStore", "ObjectMeta", "ObjectStore", "open_store"]

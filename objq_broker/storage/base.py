@@ -13,6 +13,9 @@ Every backend (memory, a local directory, S3, GCS) implements :class:`ObjectStor
     writers racing from the same version, exactly one wins.
 ``put / get / delete / list``
     Plain operations for immutable objects (archive segments, staged payloads).
+``list_meta(prefix) -> list[ObjectMeta]``
+    The listing with each object's size and last modification time, as the listing itself
+    reports them (no request per object): what garbage collection judges an object's age by.
 
 Keys are ``/``-separated relative paths: no empty, ``.`` or ``..`` segments, no leading ``/``,
 no NUL byte, no backslash. Every adapter refuses other keys with
@@ -49,6 +52,21 @@ class Blob:
         return f"Blob(version={self.version!r}, size={len(self.data)})"
 
 
+@dataclass(frozen=True, slots=True)
+class ObjectMeta:
+    """One listed object: its key, its size in bytes, and when it was last written (Unix
+    seconds, by the storage's clock)."""
+
+    key: str
+    size: int
+    modified: float
+
+
+#: What :meth:`ObjectStore.list_meta` returns (a name of its own: inside the store classes,
+#: ``list`` is the method).
+Listing = list[ObjectMeta]
+
+
 @runtime_checkable
 class ObjectStore(Protocol):
     """The compare-and-set object store every objq layer builds on (see the module docstring)."""
@@ -71,6 +89,8 @@ class ObjectStore(Protocol):
     def delete(self, key: str) -> None: ...
 
     def list(self, prefix: str = "") -> list[str]: ...
+
+    def list_meta(self, prefix: str = "") -> Listing: ...
 
     def close(self) -> None: ...
 

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from objq_broker.errors import ConfigurationError, PreconditionFailed, StorageUnavailable
-from objq_broker.storage.base import Blob, ObjectStore
+from objq_broker.storage.base import Blob, Listing, ObjectStore
 
 
 @dataclass
@@ -150,6 +150,10 @@ class FaultyStore:
     def list(self, prefix: str = "") -> list[str]:
         self._before("list", prefix)
         return self.inner.list(prefix)
+
+    def list_meta(self, prefix: str = "") -> Listing:
+        self._before("list", prefix)
+        return self.inner.list_meta(prefix)
 
     def close(self) -> None:
         self.inner.close()

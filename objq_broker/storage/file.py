@@ -37,8 +37,18 @@ from objq_broker.errors import (
     PreconditionFailed,
     StorageError,
 )
-from objq_broker.storage.base import Blob, LocalStoreOps, check_key, check_prefix, check_write_mode
+from objq_broker.storage.base import (
+    Blob,
+    Listing,
+    LocalStoreOps,
+    ObjectMeta,
+    check_key,
+    check_prefix,
+    check_write_mode,
+)
 
+#: (key, path) of listed objects.
+_Paths = list[tuple[str, Path]]
 #: Folder (under the root) holding temporary files until they are renamed into place.
 TMP_DIR = ".objq-tmp"
 #: Folder (under the root) holding one lock file per key ever written conditionally.
@@ -278,11 +288,26 @@ class FileStore(LocalStoreOps):
             os.unlink(path)
 
     def list(self, prefix: str = "") -> list[str]:
+        return [key for key, _ in self._walk(prefix)]
+
+    def list_meta(self, prefix: str = "") -> Listing:
+        found: Listing = []
+        with self._errors(prefix):
+            for key, path in self._walk(prefix):
+                try:
+                    stat = path.stat()
+                except FileNotFoundError:
+                    continue  # deleted since the folder was read
+                found.append(ObjectMeta(key, stat.st_size, stat.st_mtime_ns / 1e9))
+        return found
+
+    def _walk(self, prefix: str) -> _Paths:
+        """(key, path) of every object whose key starts with ``prefix``, sorted by key."""
         check_prefix(prefix, self._where(prefix))
         # Walk only the folder the prefix names, not the whole tree.
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = self._root / folder
-        keys: list[str] = []
+        found: _Paths = []
         with self._errors(prefix):
             for dirpath, dirnames, filenames in os.walk(start):
                 rel_dir = os.path.relpath(dirpath, self._root)
@@ -292,8 +317,8 @@ class FileStore(LocalStoreOps):
                 for name in filenames:
                     key = f"{rel_dir}/{name}" if rel_dir else name
                     if key.startswith(prefix):
-                        keys.append(key)
-        return sorted(keys)
+                        found.append((key, Path(dirpath, name)))
+        return sorted(found)
 
     def close(self) -> None:
         """Nothing is held open between calls."""

@@ -38,6 +38,8 @@ from objq_broker.errors import (
 )
 from objq_broker.storage.base import (
     Blob,
+    Listing,
+    ObjectMeta,
     check_key,
     check_prefix,
     check_write_mode,
@@ -268,6 +270,14 @@ class GCSStore:
             pass  # already gone (perhaps by our own retried attempt): not an error
 
     def list(self, prefix: str = "") -> list[str]:
+        return [meta.key for meta in self._listing(prefix, "items(name),nextPageToken")]
+
+    def list_meta(self, prefix: str = "") -> Listing:
+        return self._listing(prefix, "items(name,size,updated),nextPageToken")
+
+    def _listing(self, prefix: str, fields: str) -> Listing:
+        """The objects under ``prefix``, asking GCS only for ``fields`` (size and time are 0
+        when not asked for)."""
         check_prefix(prefix, f"gs bucket {self._bucket_name!r}, prefix {prefix!r}")
         # With a store prefix 'p', list('') must not match a sibling 'p2/...': anchor on 'p/'.
         base = f"{self._prefix}/" if self._prefix else ""
@@ -275,17 +285,21 @@ class GCSStore:
         where = f"gs bucket {self._bucket_name!r}, prefix {full_prefix!r}"
         with self._translated(where, "list"):
             # The iterator fetches pages lazily, so it is consumed inside the translation.
-            names = [
-                item.name[len(base) :]
+            found = [
+                ObjectMeta(
+                    item.name[len(base) :],
+                    int(item.size or 0),
+                    item.updated.timestamp() if item.updated is not None else 0.0,
+                )
                 for item in self._client.list_blobs(
                     self._bucket,
                     prefix=full_prefix,
-                    fields="items(name),nextPageToken",
+                    fields=fields,
                     timeout=self._timeout,
                     retry=self._retry,
                 )
             ]
-        return sorted(names)
+        return sorted(found, key=lambda meta: meta.key)
 
     def close(self) -> None:
         """Close the HTTP session, unless the client was injected (its owner closes it)."""

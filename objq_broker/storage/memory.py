@@ -9,9 +9,18 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 from objq_broker.errors import PreconditionFailed
-from objq_broker.storage.base import Blob, LocalStoreOps, check_key, check_prefix, check_write_mode
+from objq_broker.storage.base import (
+    Blob,
+    Listing,
+    LocalStoreOps,
+    ObjectMeta,
+    check_key,
+    check_prefix,
+    check_write_mode,
+)
 
 
 class MemoryStore(LocalStoreOps):
@@ -26,6 +35,7 @@ class MemoryStore(LocalStoreOps):
     def __init__(self, name: str = "default") -> None:
         self._name = name
         self._objects: dict[str, Blob] = {}
+        self._modified: dict[str, float] = {}  # when each object was last written
         self._lock = threading.Lock()
         self._versions = itertools.count(1)
 
@@ -59,17 +69,28 @@ class MemoryStore(LocalStoreOps):
                 raise PreconditionFailed(f"{where}: expected version {if_version}, found {found}")
             version = str(next(self._versions))
             self._objects[key] = Blob(bytes(data), version)
+            self._modified[key] = time.time()
             return version
 
     def delete(self, key: str) -> None:
         check_key(key, self._where(key))
         with self._lock:
             self._objects.pop(key, None)
+            self._modified.pop(key, None)
 
     def list(self, prefix: str = "") -> list[str]:
         check_prefix(prefix, self._where(prefix))
         with self._lock:
             return sorted(k for k in self._objects if k.startswith(prefix))
+
+    def list_meta(self, prefix: str = "") -> Listing:
+        check_prefix(prefix, self._where(prefix))
+        with self._lock:
+            return [
+                ObjectMeta(key, len(blob.data), self._modified[key])
+                for key, blob in sorted(self._objects.items())
+                if key.startswith(prefix)
+            ]
 
     def close(self) -> None:
         """Nothing to release; the objects stay for other users of the same name."""

@@ -28,6 +28,8 @@ from objq_broker.errors import (
 )
 from objq_broker.storage.base import (
     Blob,
+    Listing,
+    ObjectMeta,
     check_key,
     check_prefix,
     check_write_mode,
@@ -204,18 +206,28 @@ class S3Store:
             self._client.delete_object(Bucket=self._bucket, Key=full)
 
     def list(self, prefix: str = "") -> list[str]:
+        return [meta.key for meta in self.list_meta(prefix)]
+
+    def list_meta(self, prefix: str = "") -> Listing:
         check_prefix(prefix, f"s3 bucket {self._bucket!r}, prefix {prefix!r}")
         # With a store prefix 'p', list('') must not match a sibling 'p2/...': anchor on 'p/'.
         base = f"{self._prefix}/" if self._prefix else ""
         full_prefix = base + prefix
-        keys: list[str] = []
+        found: Listing = []
         with self._translated(f"s3 bucket {self._bucket!r}, prefix {full_prefix!r}", "list"):
             pages = self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self._bucket, Prefix=full_prefix
             )
             for page in pages:
-                keys.extend(item["Key"][len(base) :] for item in page.get("Contents", ()))
-        return sorted(keys)
+                found.extend(
+                    ObjectMeta(
+                        item["Key"][len(base) :],
+                        int(item["Size"]),
+                        item["LastModified"].timestamp(),
+                    )
+                    for item in page.get("Contents", ())
+                )
+        return sorted(found, key=lambda meta: meta.key)
 
     def close(self) -> None:
         """Close the connection pool, unless the client was injected (its owner closes it)."""

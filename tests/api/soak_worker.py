@@ -42,6 +42,7 @@ def produce(queue: Queue, name: str, count: int, batch: int) -> None:
 
 def consume(queue: Queue, log_path: Path, stop_path: Path, lease: float) -> None:
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    queue.declare(QUEUE)  # consumers may start before the first enqueue
     try:
         while True:
             deliveries = queue.claim(QUEUE, 20, lease=lease, timeout=0.5)

@@ -44,7 +44,7 @@ OPENERS: dict[str, Callable[[str], None]] = {
 CREATING_COMMANDS = [
     ["declare", "q"],
     ["enqueue", "q", "x"],
-    ["worker", "--queue", "q", "--burst"],
+    ["worker", "--queue", "q", "--burst", "--declare"],
     ["demo", "--jobs", "20"],
 ]
 

@@ -51,3 +51,69 @@ def test_two_queues_on_one_store_are_refused(tmp_path: Path) -> None:
         pytest.raises(ConfigurationError, match="one queue per store"),
     ):
         CommitCollector(first, second)
+
+
+@pytest.mark.parametrize("broker", ["off", "auto"])
+def test_storage_requests_and_bytes_are_what_the_store_was_asked(
+    tmp_path: Path, broker: str
+) -> None:
+    # Given a queue on a directory: what its state object weighs is known from the disk
+    root = tmp_path / "store"
+    url = root.as_uri()
+    with Queue(url, broker=broker, archive=False) as queue:
+        registry = CollectorRegistry()
+        registry.register(CommitCollector(queue))
+        queue.declare("emails")  # (and, with broker="auto", the election's write)
+        before = queue.storage_meter.snapshot()
+        # When it commits three enqueues, one at a time
+        for payload in (b"a", b"b", b"c"):
+            queue.enqueue("emails", payload)
+        after = queue.storage_meter.snapshot()
+        text = generate_latest(registry).decode()
+        state_bytes = (root / "state.json").stat().st_size
+    # Then three conditional writes were counted, with at least the last state's bytes
+    assert after.requests["write"] - before.requests["write"] == 3
+    assert after.bytes_written - before.bytes_written >= state_bytes
+    assert after.requests["put"] == after.requests["delete"] == 0  # no bodies, no archive
+    # And the scrape shows the same counts by kind and by direction
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    requests = {s.labels["kind"]: s.value for s in families["objq_storage_requests"].samples}
+    assert requests["write"] == after.requests["write"]
+    assert set(requests) == {"read", "write", "put", "get", "delete", "list"}
+    moved = {s.labels["direction"]: s.value for s in families["objq_storage_bytes"].samples}
+    assert moved == {"read": after.bytes_read, "written": after.bytes_written}
+
+
+def test_a_failed_request_is_counted_too() -> None:
+    from objq_broker.errors import ObjectNotFound
+    from objq_broker.storage import MemoryStore
+    from objq_broker.storage.metered import MeteredStore
+
+    store = MeteredStore(MemoryStore())
+    with pytest.raises(ObjectNotFound):
+        store.get("missing")
+    assert store.meter.snapshot().requests["get"] == 1
+
+
+@pytest.mark.parametrize("broker", ["off", "auto"])
+def test_commit_durations_are_a_histogram_of_every_commit(tmp_path: Path, broker: str) -> None:
+    with Queue((tmp_path / "store").as_uri(), broker=broker) as queue:
+        registry = CollectorRegistry()
+        registry.register(CommitCollector(queue))
+        for n in range(5):
+            queue.enqueue("emails", bytes([n]))
+        queue.flush()
+        text = generate_latest(registry).decode()
+        durations = queue.metrics().commit_durations
+    [family] = [
+        f
+        for f in text_string_to_metric_families(text)
+        if f.name == "objq_engine_commit_duration_seconds"
+    ]
+    buckets = {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+    [count] = [s.value for s in family.samples if s.name.endswith("_count")]
+    [total] = [s.value for s in family.samples if s.name.endswith("_sum")]
+    # Every commit this process made is counted once, in a bucket at least as long as it took
+    assert count == buckets["+Inf"] == sum(durations.counts) >= 5
+    assert list(buckets.values()) == sorted(buckets.values())  # cumulative
+    assert total == pytest.approx(durations.total_seconds) and total > 0

@@ -7,6 +7,7 @@ must turn this suite red, never green.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -136,6 +137,32 @@ def test_plain_put_get_delete_list(store: ObjectStore) -> None:
     with pytest.raises(ObjectNotFound, match="other/c"):
         store.get("other/c")
     assert store.list("nothing/") == []
+
+
+def test_listing_with_sizes_and_modification_times(store: ObjectStore) -> None:
+    # Given objects written now (S3 keeps whole seconds; the servers share this host's clock)
+    before = time.time()
+    store.put("bodies/a.json", b"x" * 300)
+    store.write("bodies/b.json", b"", if_absent=True)
+    store.put("bodiesx", b"12")
+    after = time.time()
+    # Then the listing says what each is, under the prefix only, sorted by key
+    listed = store.list_meta("bodies/")
+    assert [(meta.key, meta.size) for meta in listed] == [
+        ("bodies/a.json", 300),
+        ("bodies/b.json", 0),
+    ]
+    for meta in listed:
+        assert before - 1.5 <= meta.modified <= after + 1.5, (meta, before, after)
+    assert [meta.key for meta in store.list_meta()] == store.list()
+    # And a rewrite moves the time on, a delete drops the object
+    time.sleep(1.1)
+    store.put("bodies/a.json", b"y")
+    (rewritten,) = [meta for meta in store.list_meta("bodies/a") if meta.key == "bodies/a.json"]
+    assert rewritten.size == 1 and rewritten.modified > listed[0].modified
+    store.delete("bodies/b.json")
+    assert [meta.key for meta in store.list_meta("bodies/")] == ["bodies/a.json"]
+    assert store.list_meta("nothing/") == []
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,202 @@
+"""The pages (GET): every one reads the store once, through :mod:`~objq_broker.dashboard.reading`,
+in a worker thread (storage calls block), and renders a template."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from objq_broker.dashboard.reading import (
+    STATES,
+    dead_counts,
+    read_archived_job,
+    read_job,
+    read_overview,
+    read_queue_page,
+    search_archive,
+)
+from objq_broker.dashboard.security import safe_next
+from objq_broker.engine.snapshot import Snapshot
+from objq_broker.errors import ConfigurationError, JobNotFound, ObjqError, QueueNotFound
+from objq_broker.model.durations import parse_time
+from objq_broker.model.records import JobState
+
+if TYPE_CHECKING:
+    from objq_broker.dashboard.app import Dashboard
+
+#: What the archive search looks at when no range is given.
+DEFAULT_ARCHIVE_SINCE = "1h"
+
+
+def dashboard_of(request: Request) -> Dashboard:
+    return cast("Dashboard", request.app.state.dashboard)
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/", overview, methods=["GET"]),
+        Route("/api/overview", overview_json, methods=["GET"]),
+        Route("/queues/{queue}", queue_page, methods=["GET"]),
+        Route("/jobs/{job_id}", job_page, methods=["GET"]),
+        Route("/dead", dead_page, methods=["GET"]),
+        Route("/archive", archive_page, methods=["GET"]),
+        Route("/archive/job", archived_job_page, methods=["GET"]),
+        Route("/broker", broker_page, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/login", login_page, methods=["GET"]),
+    ]
+
+
+async def overview(request: Request) -> Response:
+    dashboard = dashboard_of(request)
+    view = await run_in_threadpool(read_overview, dashboard.store)
+    return dashboard.render(request, "overview.html", {"overview": view})
+
+
+async def overview_json(request: Request) -> Response:
+    """The overview's numbers, which the overview page asks for every few seconds."""
+    view = await run_in_threadpool(read_overview, dashboard_of(request).store)
+    return JSONResponse(view.as_json())
+
+
+async def queue_page(request: Request) -> Response:
+    dashboard = dashboard_of(request)
+    queue = request.path_params["queue"]
+    state = _state(request.query_params.get("state", "ready"))
+    page = _page_number(request.query_params.get("page", "1"))
+    size = dashboard.settings.page_size
+    view = await run_in_threadpool(read_queue_page, dashboard.store, queue, state, page, size)
+    return dashboard.render(request, "queue.html", {"view": view, "states": STATES})
+
+
+async def job_page(request: Request) -> Response:
+    dashboard = dashboard_of(request)
+    job_id = request.path_params["job_id"]
+    detail = await run_in_threadpool(read_job, dashboard.store, job_id)
+    if detail is None:
+        raise JobNotFound(
+            f"job {job_id!r}: not in the state of {dashboard.store.url}; a finished job is in "
+            "the archive (search it by the time it finished)"
+        )
+    return dashboard.render(request, "job.html", {"detail": detail})
+
+
+async def dead_page(request: Request) -> Response:
+    dashboard = dashboard_of(request)
+    counts = await run_in_threadpool(dead_counts, dashboard.store)
+    return dashboard.render(request, "dead.html", {"counts": counts})
+
+
+async def archive_page(request: Request) -> Response:
+    dashboard = dashboard_of(request)
+    params = request.query_params
+    form = {
+        "queue": params.get("queue", "").strip(),
+        "since": params.get("since", DEFAULT_ARCHIVE_SINCE).strip(),
+        "until": params.get("until", "").strip(),
+    }
+    now = time.time()
+    since = parse_time(form["since"], now, "since") if form["since"] else None
+    until = parse_time(form["until"], now, "until") if form["until"] else None
+    if since is not None and until is not None and until <= since:
+        raise ConfigurationError(f"archive search: expected until later than since, found {form}")
+
+    def search() -> tuple[Any, list[str]]:
+        found = search_archive(
+            dashboard.store,
+            queue=form["queue"] or None,
+            since=since,
+            until=until,
+            cursor=params.get("cursor"),
+            page_size=dashboard.settings.page_size,
+        )
+        return found, Snapshot.read(dashboard.store).queue_names()
+
+    found, queues = await run_in_threadpool(search)
+    context = {"found": found, "form": form, "queues": queues, "cursor": params.get("cursor")}
+    return dashboard.render(request, "archive.html", context)
+
+
+async def archived_job_page(request: Request) -> Response:
+    dashboard = dashboard_of(request)
+    key, job_id = request.query_params.get("key", ""), request.query_params.get("id", "")
+    if not key.startswith("archive/") or not job_id:
+        raise ConfigurationError(
+            f"archived job: expected ?key=archive/...&id=JOB, found key {key!r} and id {job_id!r}"
+        )
+    detail = await run_in_threadpool(read_archived_job, dashboard.store, key, job_id)
+    if detail is None:
+        raise JobNotFound(f"job {job_id!r}: not in the archive object {key}")
+    return dashboard.render(request, "job.html", {"detail": detail})
+
+
+async def broker_page(request: Request) -> Response:
+    dashboard = dashboard_of(request)
+    view = await run_in_threadpool(read_overview, dashboard.store)
+    return dashboard.render(request, "broker.html", {"overview": view})
+
+
+async def metrics(request: Request) -> Response:
+    """The Prometheus families of ``objq exporter``, read from the store on each scrape."""
+    registry = dashboard_of(request).metrics_registry()
+    body = await run_in_threadpool(generate_latest, registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+async def login_page(request: Request) -> Response:
+    dashboard = dashboard_of(request)
+    if dashboard.settings.read_only:
+        raise HTTPException(404, "this dashboard is read-only: it was started without a token")
+    context = {"next": safe_next(request.query_params.get("next")), "error": None}
+    return dashboard.render(request, "login.html", context)
+
+
+def _state(text: str) -> JobState:
+    if text not in STATES:
+        raise ConfigurationError(f"state: expected one of {', '.join(STATES)}, found {text!r}")
+    return text
+
+
+def _page_number(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigurationError(f"page: expected a whole number from 1, found {text!r}")
+    return int(text)
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+async def _error(request: Request, exc: Exception) -> Response:
+    status, title = _status_of(exc)
+    detail = exc.detail if isinstance(exc, HTTPException) else " ".join(str(exc).split())
+    context = {"status": status, "title": title, "detail": detail}
+    return dashboard_of(request).render(request, "error.html", context, status)
+
+
+def _status_of(exc: Exception) -> tuple[int, str]:
+    if isinstance(exc, HTTPException):
+        return exc.status_code, "Not found" if exc.status_code == 404 else "Refused"
+    if isinstance(exc, QueueNotFound | JobNotFound):
+        return 404, "Not found"
+    if isinstance(exc, ConfigurationError | ValueError):
+        return 400, "Bad request"
+    return 503, "The store could not be read"
+
+
+#: Errors shown as a page: a missing queue or job (404), bad input (400), a store that could
+#: not be read (503: unreachable, access denied, a corrupt state, which is left as it is).
+EXCEPTION_HANDLERS: Any = {
+    HTTPException: _error,
+    QueueNotFound: _error,
+    JobNotFound: _error,
+    ConfigurationError: _error,
+    ValueError: _error,
+    ObjqError: _error,
+}

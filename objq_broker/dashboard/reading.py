@@ -1,0 +1,351 @@
+"""What the dashboard's pages show, read the way ``objq status`` reads.
+
+Every page reads the store through the read-only
+:class:`~objq_broker.engine.snapshot.Snapshot` (the state object read once, plus the runs a
+listing needs): looking at a queue never changes it, never takes part in the broker election,
+and never adds a writer to the namespace. A page of jobs holds one page of rows, whatever the
+depth of the queue; only the rows shown have their payloads loaded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from objq_broker.dashboard.decode import (
+    DecodedMessage,
+    ShownPayload,
+    decode_message,
+    show_payload,
+    task_name,
+)
+from objq_broker.engine.archive import archive_keys, read_archive
+from objq_broker.engine.snapshot import ACTIVE_CLIENT_SECONDS, Snapshot
+from objq_broker.errors import QueueNotFound
+from objq_broker.model.records import BrokerRecord, Job, JobState
+from objq_broker.storage import ObjectStore
+
+#: The states of a queue page, in the order of its tabs.
+STATES: tuple[JobState, ...] = ("ready", "delayed", "in-flight", "dead")
+#: Characters of a payload shown in a row of a list.
+PREVIEW_CHARS = 80
+#: Archive objects one archive page reads at most before it stops and offers to go on: a
+#: filter that matches little must not read a month of archive in one request.
+MAX_ARCHIVE_OBJECTS_PER_PAGE = 200
+#: Broker clients listed on the broker page.
+MAX_SESSIONS_SHOWN = 100
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """One queue's jobs by state, as ``objq status`` counts them."""
+
+    queue: str
+    ready: int
+    delayed: int
+    in_flight: int
+    dead: int
+    oldest_ready_age_seconds: float | None
+
+    def count(self, state: JobState) -> int:
+        return {"ready": self.ready, "delayed": self.delayed, "dead": self.dead}.get(
+            state, self.in_flight
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "ready": self.ready,
+            "delayed": self.delayed,
+            "in_flight": self.in_flight,
+            "dead": self.dead,
+            "oldest_ready_age_seconds": self.oldest_ready_age_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class BrokerView:
+    """The elected broker as the state names it, and the clients it commits for."""
+
+    record: BrokerRecord
+    epoch: int
+    active_clients: int
+    #: (client id, Unix time of its last request that changed the state), latest first.
+    sessions: list[tuple[str, float]]
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The namespace at one moment: what the overview page and its JSON show."""
+
+    url: str
+    exists: bool
+    version: int
+    size_bytes: int
+    committed_at: float | None
+    read_at: float
+    enqueued_total: int
+    broker: BrokerView | None
+    queues: list[QueueCounts]
+
+    def as_json(self) -> dict[str, Any]:
+        """The overview's JSON: the fields of ``objq status --json`` and the counter the rate
+        chart needs."""
+        return {
+            "url": self.url,
+            "exists": self.exists,
+            "version": self.version,
+            "size_bytes": self.size_bytes,
+            "committed_at": self.committed_at,
+            "read_at": self.read_at,
+            "enqueued_total": self.enqueued_total,
+            "broker": None
+            if self.broker is None
+            else {
+                "address": self.broker.record.address,
+                "epoch": self.broker.record.epoch,
+                "since": self.broker.record.since,
+                "tls": self.broker.record.tls,
+                "active_clients": self.broker.active_clients,
+            },
+            "queues": [q.as_json() for q in self.queues],
+        }
+
+
+def read_overview(store: ObjectStore) -> Overview:
+    snap = Snapshot.read(store)
+    queues = [_counts(snap, name) for name in snap.queue_names()]
+    # After the queues, as objq status does: counting them may read a later state (when runs
+    # it referred to were consumed meanwhile), and these facts then describe that one.
+    return Overview(
+        url=store.url,
+        exists=snap.exists,
+        version=snap.version,
+        size_bytes=snap.size_bytes,
+        committed_at=snap.committed_at,
+        read_at=snap.read_at,
+        enqueued_total=snap.enqueued_total,
+        broker=_broker(snap),
+        queues=queues,
+    )
+
+
+def _counts(snap: Snapshot, queue: str) -> QueueCounts:
+    stats = snap.stats(queue)
+    return QueueCounts(
+        queue,
+        stats.ready,
+        stats.delayed,
+        stats.in_flight,
+        stats.dead,
+        stats.oldest_ready_age_seconds,
+    )
+
+
+def _broker(snap: Snapshot) -> BrokerView | None:
+    if snap.broker is None:
+        return None
+    return BrokerView(
+        snap.broker,
+        snap.epoch,
+        snap.broker_clients(ACTIVE_CLIENT_SECONDS),
+        snap.broker_sessions()[:MAX_SESSIONS_SHOWN],
+    )
+
+
+# --- a queue's jobs ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job in a list: its record (payload loaded) and what the list shows of it."""
+
+    state: str
+    job: Job
+    task: str | None
+    preview: str
+
+
+@dataclass(frozen=True)
+class QueuePage:
+    """One page of one state of one queue."""
+
+    counts: QueueCounts
+    state: JobState
+    page: int
+    pages: int
+    page_size: int
+    rows: list[JobRow]
+    read_at: float
+
+    @property
+    def total(self) -> int:
+        return self.counts.count(self.state)
+
+    @property
+    def first(self) -> int:
+        """The number of the first row shown, from 1."""
+        return (self.page - 1) * self.page_size + 1
+
+
+def read_queue_page(
+    store: ObjectStore, queue: str, state: JobState, page: int, page_size: int
+) -> QueuePage:
+    """Page ``page`` (from 1) of the jobs of ``queue`` in ``state``, in claim order (dead
+    letters by death time). A page past the last shows the last."""
+    snap = Snapshot.read(store)
+    if queue not in snap.queue_names():
+        raise QueueNotFound(f"queue {queue!r}: not declared in {store.url}")
+    counts = _counts(snap, queue)
+    pages = max(1, math.ceil(counts.count(state) / page_size))
+    page = min(max(page, 1), pages)
+    start = (page - 1) * page_size
+    found = snap.jobs(queue, state, start + page_size)[start:]
+    rows = [_row(where, snap.fill(job)) for where, job in found]
+    return QueuePage(counts, state, page, pages, page_size, rows, snap.read_at)
+
+
+def dead_counts(store: ObjectStore) -> list[QueueCounts]:
+    """Every queue that holds dead letters, most first."""
+    snap = Snapshot.read(store)
+    counts = [_counts(snap, name) for name in snap.queue_names()]
+    return sorted((c for c in counts if c.dead), key=lambda c: (-c.dead, c.queue))
+
+
+def _row(state: str, job: Job) -> JobRow:
+    if job.ref is not None and not job.body:
+        return JobRow(state, job, None, f"<{job.ref}>")
+    if job.b64:
+        return JobRow(state, job, None, f"<{len(job.payload):,} bytes>")
+    text = " ".join(job.body.split())
+    cut = text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+    return JobRow(state, job, task_name(job.payload), cut)
+
+
+# --- one job -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    """Everything the job page shows."""
+
+    #: Where the job is ("ready", "delayed", "in-flight", "dead"), or how it left the queue
+    #: (the outcome of its archive record: "done", "dead", "failed", ...).
+    state: str
+    job: Job
+    payload: ShownPayload | None
+    message: DecodedMessage | None
+    read_at: float
+    #: The archive object the record was read from; None for a job still in the state.
+    archive_key: str | None = None
+    commit_id: str | None = None
+
+
+def read_job(store: ObjectStore, job_id: str) -> JobDetail | None:
+    """The job ``job_id`` while it is in the state (live or dead); None once it left it."""
+    snap = Snapshot.read(store)
+    found = snap.find(job_id)
+    if found is None:
+        return None
+    state, job = found
+    return _detail(state, snap.fill(job), snap.read_at)
+
+
+def _detail(state: str, job: Job, read_at: float, **where: str) -> JobDetail:
+    if job.ref is not None and not job.body:  # an archived record keeps no out-of-line body
+        return JobDetail(state, job, None, None, read_at, **where)
+    payload = job.payload
+    return JobDetail(state, job, show_payload(payload), decode_message(payload), read_at, **where)
+
+
+# --- the archive -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArchiveRow:
+    outcome: str
+    job: Job
+    task: str | None
+    key: str
+
+
+@dataclass(frozen=True)
+class ArchivePage:
+    """Archived jobs, newest hour first, and where the next page starts (None: no more).
+    Within an hour the archive's objects come in the order of their keys (commit ids, not
+    times): ordering them by time would mean reading every object of the hour for each page."""
+
+    rows: list[ArchiveRow]
+    #: ``KEY:SKIP``: the archive object to go on from and the records of it already shown.
+    next_cursor: str | None
+    objects_read: int
+    #: True when the page stopped at :data:`MAX_ARCHIVE_OBJECTS_PER_PAGE` before it was full.
+    stopped_early: bool
+
+
+def search_archive(
+    store: ObjectStore,
+    *,
+    queue: str | None,
+    since: float | None,
+    until: float | None,
+    cursor: str | None,
+    page_size: int,
+) -> ArchivePage:
+    """Records of jobs finished in ``[since, until)`` (of ``queue``, or all), from ``cursor``
+    on. Reads the archive objects of the range one by one, newest hour first (each one's
+    records last first), and stops once a page is full."""
+    keys = sorted(archive_keys(store, since, until), reverse=True)
+    start_key, skip = _parse_cursor(cursor)
+    if start_key is not None:
+        keys = [k for k in keys if k <= start_key]
+    rows: list[ArchiveRow] = []
+    read = 0
+    for key in keys:
+        if read >= MAX_ARCHIVE_OBJECTS_PER_PAGE:
+            return ArchivePage(rows, f"{key}:0", read, stopped_early=True)
+        read += 1
+        skipping = skip if key == start_key else 0
+        matched = [
+            r
+            for r in reversed(read_archive(store, key))
+            if (queue is None or r.job.queue == queue) and _within(r.job, since, until)
+        ]
+        for index, record in enumerate(matched[skipping:], skipping):
+            if len(rows) == page_size:
+                return ArchivePage(rows, f"{key}:{index}", read, stopped_early=False)
+            job = record.job
+            task = task_name(job.payload) if job.body and not job.b64 else None
+            rows.append(ArchiveRow(record.outcome, job, task, key))
+    return ArchivePage(rows, None, read, stopped_early=False)
+
+
+def read_archived_job(store: ObjectStore, key: str, job_id: str) -> JobDetail | None:
+    """The record of ``job_id`` in the archive object ``key`` (the last one there, if the
+    job was archived twice)."""
+    found = [r for r in read_archive(store, key) if r.job.id == job_id]
+    if not found:
+        return None
+    record = found[-1]
+    return _detail(
+        record.outcome,
+        record.job,
+        record.job.finished_at or 0.0,
+        archive_key=key,
+        commit_id=record.commit_id,
+    )
+
+
+def _within(job: Job, since: float | None, until: float | None) -> bool:
+    finished = job.finished_at or 0.0
+    return (since is None or finished >= since) and (until is None or finished < until)
+
+
+def _parse_cursor(cursor: str | None) -> tuple[str | None, int]:
+    if not cursor:
+        return None, 0
+    key, _, skip = cursor.rpartition(":")
+    if not key or not skip.isdigit():
+        raise ValueError(f"archive cursor: expected KEY:NUMBER, found {cursor!r}")
+    return key, int(skip)

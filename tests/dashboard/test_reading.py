@@ -1,0 +1,65 @@
+"""What the pages read, without a browser: archive pages that follow one another, and payloads
+that are never decoded."""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+
+from objq_broker import Queue
+from objq_broker.dashboard.decode import decode_message, show_payload
+from objq_broker.dashboard.reading import search_archive
+from objq_broker.model.messages import celery_message
+from objq_broker.storage import MemoryStore
+
+
+def test_archive_pages_follow_one_another_without_gaps_or_repeats() -> None:
+    # Given 7 jobs of one queue finished in 7 commits, and one of another queue
+    store = MemoryStore("archive-pages")
+    with Queue(store=store, broker="off") as queue:
+        finished = []
+        for n in range(7):
+            queue.enqueue("mail", b"%d" % n)
+            [delivery] = queue.claim("mail")
+            queue.ack(delivery)
+            finished.append(delivery.id)
+        queue.enqueue("other", b"x")
+        queue.ack(queue.claim("other")[0])
+
+    # When the archive of "mail" is read 3 records at a time, following each page's cursor
+    seen: list[str] = []
+    cursor = None
+    for _ in range(10):
+        page = search_archive(
+            store, queue="mail", since=None, until=None, cursor=cursor, page_size=3
+        )
+        seen += [row.job.id for row in page.rows]
+        assert all(row.outcome == "done" and row.job.queue == "mail" for row in page.rows)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+
+    # Then every job came once (newest hour first; one hour's objects in the order of their keys)
+    assert len(seen) == len(set(seen)) == 7
+    assert set(seen) == set(finished)
+
+
+def test_a_celery_body_that_is_not_json_is_never_unpickled() -> None:
+    # Given a Celery envelope whose body is a pickle that would run code when loaded
+    envelope = json.loads(celery_message("mail", "tasks.send", [1], {"to": "a@b"}))
+    envelope["content-type"] = "application/x-python-serialize"
+    envelope["body"] = base64.b64encode(pickle.dumps(OSError("would run"))).decode()
+    decoded = decode_message(json.dumps(envelope).encode())
+    # Then the page shows the task, and Celery's own repr of the arguments, not the body
+    assert decoded is not None and decoded.framework == "Celery"
+    assert decoded.task == "tasks.send"
+    assert (decoded.args, decoded.kwargs) == ("(1,)", "{'to': 'a@b'}")
+
+
+def test_payloads_are_shown_as_json_text_or_hex() -> None:
+    assert show_payload(b'{"a": [1, 2]}').text == '{\n  "a": [\n    1,\n    2\n  ]\n}'
+    assert show_payload(b"plain words").kind == "text"
+    binary = show_payload(b"\x00\xff" * 3000)
+    assert binary.kind == "binary" and binary.cut and binary.text.startswith("00 ff 00 ff")
+    assert decode_message(b"plain words") is None

@@ -1,0 +1,124 @@
+"""What purge, delete and expiry do to a kombu queue on objq, and to its bindings, as
+docs/celery.md says: ``celery purge -Q`` empties a queue (its bindings stay, as with AMQP);
+``Queue.delete_queue`` removes it and every binding to it; a queue declared with ``expires``
+goes once unused for that long; a message routed afterwards is dropped, never bringing the
+queue back."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from objq_broker import Queue
+from objq_broker.engine.bindings import read_exchange
+from objq_broker.storage import open_store
+
+kombu = pytest.importorskip("kombu")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bound(url: str, exchange: str) -> list[str]:
+    record, _ = read_exchange(open_store(url), exchange)
+    return [] if record is None else sorted(b[2] for b in record.bindings)
+
+
+def publish(conn: Any, exchange: Any, n: int, routing_key: str = "event.x") -> None:
+    producer = kombu.Producer(conn.default_channel, exchange=exchange)
+    for i in range(n):
+        producer.publish({"n": i}, routing_key=routing_key)
+
+
+def test_celery_purge_empties_and_delete_queue_removes_the_queue_and_its_bindings(
+    connect: Any, store_url: str
+) -> None:
+    exchange = kombu.Exchange("tasks", type="direct")
+    conn = connect()
+    kombu.Queue("work", exchange=exchange, routing_key="work")(conn.default_channel).declare()
+    kombu.Queue("other", exchange=exchange, routing_key="work")(conn.default_channel).declare()
+    publish(conn, exchange, 3, routing_key="work")
+    with Queue(store_url, broker="off") as q:
+        assert q.stats("work").ready == 3
+
+        # When `celery purge -Q work` runs
+        env = dict(os.environ, CELERY_BROKER_URL=f"objq+{store_url}", OBJQ_BROKER="off")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        app = "tests.lifecycle.events_app"
+        purge = [sys.executable, "-m", "celery", "-A", app, "purge", "-Q", "work", "-f"]
+        done = subprocess.run(
+            purge, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert "Purged 3 messages" in done.stdout, done.stdout
+
+        # Then the queue is empty, still there and still bound: messages reach it again
+        assert q.stats("work").ready == 0
+        assert bound(store_url, "tasks") == ["other", "work"]
+        publish(conn, exchange, 1, routing_key="work")
+        assert q.stats("work").ready == 1
+
+        # When Queue.delete_queue removes it
+        assert q.delete_queue("work") == 1
+        q.flush()
+        # Then it and its binding are gone, and what is routed to it is dropped
+        assert bound(store_url, "tasks") == ["other"]
+        publisher = connect()
+        publish(publisher, exchange, 2, routing_key="work")
+        assert q.queues() == ["other"]
+        assert q.stats("other").ready == 3 + 1 + 2  # "other" got every copy
+
+
+def test_a_kombu_queue_with_expires_goes_once_its_consumer_stops(
+    connect: Any, store_url: str
+) -> None:
+    exchange = kombu.Exchange("events", type="topic")
+    live, dead, sender = connect(), connect(), connect()
+    got: list[Any] = []
+
+    def consumer(conn: Any, name: str) -> Any:
+        queue = kombu.Queue(name, exchange=exchange, routing_key="#", expires=1.5)
+        return kombu.Consumer(conn, [queue], callbacks=[on_message])
+
+    def on_message(body: Any, message: Any) -> None:
+        got.append(body)
+        message.ack()
+
+    with consumer(live, "ev.live"), consumer(dead, "ev.dead"):
+        # `dead` never drains again, as a process killed without shutdown
+        started = time.monotonic()
+        while time.monotonic() - started < 6:  # four expiries
+            publish(sender, exchange, 1)
+            with contextlib.suppress(TimeoutError):
+                live.drain_events(timeout=0.3)
+        with Queue(store_url, broker="off") as q:
+            assert q.queues() == ["ev.live"]
+            assert bound(store_url, "events") == ["ev.live"]
+            publish(sender, exchange, 3)
+            assert q.queues() == ["ev.live"]  # the routed messages did not bring it back
+    assert got, "the live consumer received events"
+
+
+def test_declaring_an_expired_queue_again_brings_it_back_with_its_binding(
+    connect: Any, store_url: str
+) -> None:
+    exchange = kombu.Exchange("replies", type="direct")
+    conn = connect()
+    queue = kombu.Queue("reply.1", exchange=exchange, routing_key="r1", expires=0.5)
+    queue(conn.default_channel).declare()
+    with Queue(store_url, broker="off") as q:
+        time.sleep(0.6)
+        q.expire()  # a commit: the queue is past its expiry
+        q.flush()
+        assert q.queues() == []
+        assert bound(store_url, "replies") == []
+        # The same connection declares it again (kombu's Consumer does, each time it starts)
+        queue(conn.default_channel).declare()
+        publish(conn, exchange, 1, routing_key="r1")
+        assert q.stats("reply.1").ready == 1
