@@ -19,6 +19,8 @@ import argparse
 import logging
 import signal
 import threading
+from types import ModuleType
+from typing import Any
 
 from objq_broker.cli.context import Context
 from objq_broker.errors import missing_extra
@@ -43,26 +45,40 @@ def listen_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def cmd_exporter(ctx: Context) -> int:
+def metrics_module(needs: str) -> ModuleType:
+    """``objq_broker.metrics``, or the error saying ``needs`` wants the ``metrics`` extra."""
     try:
         from objq_broker import metrics
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] != _PROMETHEUS_MODULE:
             raise
         found = exc.__cause__ or exc
-        raise missing_extra("objq exporter", _PROMETHEUS_MODULE, "metrics", found) from exc
+        raise missing_extra(needs, _PROMETHEUS_MODULE, "metrics", found) from exc
+    return metrics
+
+
+def serve_metrics(registry: Any, address: tuple[str, int], option: str) -> Any:
+    """A started :class:`~objq_broker.metrics.MetricsServer`; an address that cannot be
+    listened on is an ``OSError`` naming ``option``."""
+    from objq_broker.metrics import MetricsServer
+
+    host, port = address
+    try:
+        return MetricsServer.start(registry, host, port)
+    except OSError as exc:  # taken, not an address of this host, or a name that resolves to none
+        raise OSError(exc.errno, exc.strerror or str(exc), f"{option} {host}:{port}") from exc
+
+
+def cmd_exporter(ctx: Context) -> int:
+    metrics = metrics_module("objq exporter")
     logging.basicConfig(format="objq exporter: %(message)s", level=logging.INFO)
     stop = threading.Event()
     # Before listening: a SIGTERM from a supervisor that starts and stops at once still
     # ends the exporter cleanly, with status 0.
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
-    host, port = ctx.args.listen
     store = ctx.store()
-    try:
-        server = metrics.MetricsServer.start(metrics.exporter_registry(store), host, port)
-    except OSError as exc:  # taken, not an address of this host, or a name that resolves to none
-        raise OSError(exc.errno, exc.strerror or str(exc), f"--listen {host}:{port}") from exc
+    server = serve_metrics(metrics.exporter_registry(store), ctx.args.listen, "--listen")
     try:
         ctx.emit(
             {"event": "serving", "url": store.url, "metrics": server.url},

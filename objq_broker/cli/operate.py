@@ -282,7 +282,20 @@ def cmd_worker(ctx: Context) -> int:
         json=ctx.json,
     )
     worker.install_signal_handlers()
-    tally = worker.run()
+    server = None
+    if a.metrics_listen is not None:
+        from objq_broker.cli.exporter import metrics_module, serve_metrics
+
+        registry = metrics_module("objq worker --metrics-listen").worker_registry(queue)
+        server = serve_metrics(registry, a.metrics_listen, "--metrics-listen")
+        ctx.emit(
+            {"event": "metrics", "metrics": server.url}, f"objq worker: metrics at {server.url}"
+        )
+    try:
+        tally = worker.run()
+    finally:
+        if server is not None:
+            server.stop()
     ctx.emit({"event": "stopped", **tally.as_dict()}, "")
     if not ctx.json:
         print(

@@ -195,6 +195,8 @@ def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    from objq_broker.cli import broker, dashboard, demo, exporter
+
     sub = _add(commands, common, "worker", operate.cmd_worker, "run command jobs")
     sub.add_argument("--queue", required=True)
     sub.add_argument("--count", type=_positive, default=1, help="commands run at once (1)")
@@ -204,8 +206,12 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     sub.add_argument(
         "--declare", action="store_true", help="declare the queue if missing (else: an error)"
     )
-
-    from objq_broker.cli import broker, dashboard, demo, exporter
+    sub.add_argument(
+        "--metrics-listen",
+        type=exporter.listen_address,
+        metavar="HOST:PORT",
+        help="serve this worker's Prometheus metrics at http://HOST:PORT/metrics",
+    )
 
     sub = _add(
         commands, common, "broker", broker.cmd_broker, "commit for other processes (or stand by)"

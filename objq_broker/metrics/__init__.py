@@ -8,7 +8,8 @@ Two collectors, for two kinds of process:
   serves it; one exporter per store is enough, whatever the number of workers.
 * :class:`CommitCollector` — one process's own commit counters (``Queue.metrics()``):
   operations, batches, state reads and writes, conflicts, storage errors. Register it in a
-  long-running worker or producer; these numbers live in that process only.
+  long-running worker or producer (``objq worker --metrics-listen`` does); these numbers live
+  in that process only.
 
 Names follow Prometheus conventions: an ``objq_`` prefix, base units (seconds, bytes),
 ``_total`` on counters. ``docs/metrics.md`` lists every family and what to alert on.
@@ -27,7 +28,13 @@ except ImportError as exc:
     ) from exc
 
 from objq_broker.metrics.commits import CommitCollector
-from objq_broker.metrics.serving import MetricsServer, exporter_registry
+from objq_broker.metrics.serving import MetricsServer, exporter_registry, worker_registry
 from objq_broker.metrics.store import StoreCollector
 
-__all__ = ["CommitCollector", "MetricsServer", "StoreCollector", "exporter_registry"]
+__all__ = [
+    "CommitCollector",
+    "MetricsServer",
+    "StoreCollector",
+    "exporter_registry",
+    "worker_registry",
+]

@@ -13,9 +13,11 @@ from prometheus_client import (
     ProcessCollector,
     start_http_server,
 )
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client.registry import Collector, CollectorRegistry
 
+from objq_broker.metrics.commits import CommitCollector
 from objq_broker.metrics.store import StoreCollector
+from objq_broker.queue import Queue
 from objq_broker.storage import ObjectStore
 
 #: Seconds ``stop()`` waits for the serving thread once the server was told to shut down.
@@ -26,8 +28,20 @@ def exporter_registry(store: ObjectStore) -> CollectorRegistry:
     """What ``objq exporter`` serves: the store's numbers (:class:`StoreCollector`), and the
     exporter process's own CPU, memory and Python runtime, as any prometheus_client process
     exposes them (a fresh registry: nothing registered elsewhere in the process leaks in)."""
+    return _with_process(StoreCollector(store))
+
+
+def worker_registry(queue: Queue) -> CollectorRegistry:
+    """What a long-running objq process (``objq worker --metrics-listen``) serves: its own
+    commit, job and storage counters (:class:`CommitCollector`), the store's numbers, and its
+    CPU, memory and Python runtime."""
+    return _with_process(CommitCollector(queue), StoreCollector(queue.store))
+
+
+def _with_process(*collectors: Collector) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(StoreCollector(store))
+    for collector in collectors:
+        registry.register(collector)
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

@@ -1,5 +1,9 @@
-"""A headless Chromium for the dashboard's browser tests: one per test session, one fresh
-context (cookies, storage) per test."""
+"""A headless Chromium for the dashboard's browser tests: one per test module, one fresh
+context (cookies, storage) per test.
+
+Not one per session: Playwright's synchronous API keeps an event loop running on the thread
+while it is started, so every later test of the same process that calls ``asyncio.run`` would
+fail; pytest stops a module's fixture before it runs a test of another module."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from tests.dashboard.browsing import CHROMIUM
 ACTION_TIMEOUT_MS = 20_000
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if CHROMIUM is None:
         pytest.skip("Chromium not found on PATH (Debian/Ubuntu: apt-get install chromium)")
