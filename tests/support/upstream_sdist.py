@@ -68,7 +68,13 @@ def unpack_paths(sdist: Path, top: str, paths: Sequence[str], root: Path) -> Pat
             missing = [p for p in paths if not any(m.name == f"suite/{p}" for m in members)]
             if missing:
                 raise RuntimeError(f"{sdist}: expected {missing} under {top}/, found none")
-            archive.extractall(staging, members=members, filter="data")
+            # The "data" filter (no links out, no devices) came in Python 3.11.4; Debian's
+            # 3.11.2 lacks it. The members were chosen by name above, none starts with "/" or
+            # climbs out with "..", and the sdist comes from PyPI by its pinned version.
+            if any(m.name.startswith("/") or ".." in m.name.split("/") for m in members):
+                raise RuntimeError(f"{sdist}: a member's path leaves the unpack folder")
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            archive.extractall(staging, members=members, **safe)  # type: ignore[arg-type]
         try:
             (staging / "suite").rename(root)
         except OSError:  # another run unpacked it first
