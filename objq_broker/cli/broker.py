@@ -15,7 +15,9 @@ import sys
 import threading
 
 from objq_broker.cli.context import Context
+from objq_broker.cli.exporter import metrics_module, serve_metrics
 from objq_broker.errors import ConfigurationError, ObjqError
+from objq_broker.queue import Queue
 
 #: How often a standby checks that the broker still answers.
 STANDBY_CHECK_SECONDS = 1.0
@@ -35,10 +37,19 @@ def cmd_broker(ctx: Context) -> int:
     if ctx.args.takeover_seconds is not None:
         options["broker_takeover_seconds"] = ctx.args.takeover_seconds
     settings = broker_settings("auto", {k: v for k, v in options.items() if v is not None})
-    committer = ElectedCommitter(ctx.store(create=True), settings)
+    # A queue whose committer is the elected one: its store counts requests for the metrics.
+    queue = Queue(store=ctx.store(create=True), broker=settings)
+    committer = queue.committer
+    if not isinstance(committer, ElectedCommitter):  # "auto" always elects
+        raise AssertionError(f"objq broker: expected an elected committer, found {committer!r}")
     stop = threading.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
+    server = None
+    if ctx.args.metrics_listen is not None:
+        registry = metrics_module("objq broker --metrics-listen").worker_registry(queue)
+        server = serve_metrics(registry, ctx.args.metrics_listen, "--metrics-listen")
+    metrics_url = None if server is None else server.url
     role = ""
     try:
         while not stop.is_set():
@@ -48,19 +59,23 @@ def cmd_broker(ctx: Context) -> int:
                 logging.getLogger("objq_broker.broker").warning("%s", exc)
             if committer.role != role:
                 role = committer.role
-                _announce(ctx, committer.role, committer.record)
+                _announce(ctx, committer.role, committer.record, metrics_url)
             stop.wait(STANDBY_CHECK_SECONDS)
     finally:
-        committer.close()
+        queue.close()
+        if server is not None:
+            server.stop()
     return 0
 
 
-def _announce(ctx: Context, role: str, record: object) -> None:
+def _announce(ctx: Context, role: str, record: object, metrics_url: str | None) -> None:
     address = getattr(record, "address", None)
     event = "serving" if role == "leader" else "standby"
     epoch = getattr(record, "epoch", None)
-    ctx.emit(
-        {"event": event, "address": address, "epoch": epoch, "url": ctx.store().url},
-        f"objq broker: {event} {ctx.store().url}: broker at {address} (epoch {epoch})",
-    )
+    said = {"event": event, "address": address, "epoch": epoch, "url": ctx.store().url}
+    shown = f"objq broker: {event} {ctx.store().url}: broker at {address} (epoch {epoch})"
+    if metrics_url is not None:
+        said["metrics"] = metrics_url
+        shown += f"; metrics at {metrics_url}"
+    ctx.emit(said, shown)
     sys.stdout.flush()

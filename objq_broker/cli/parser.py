@@ -232,6 +232,12 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         default=None,
         help="how long the broker may be unreachable before a standby takes over (5)",
     )
+    sub.add_argument(
+        "--metrics-listen",
+        type=exporter.listen_address,
+        metavar="HOST:PORT",
+        help="serve the broker's Prometheus metrics at http://HOST:PORT/metrics",
+    )
 
     sub = _add(
         commands, common, "exporter", exporter.cmd_exporter, "serve Prometheus metrics of the store"

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,13 +30,27 @@ def start_broker(
     children: Children, url: str, *, token: str | None = None, listen: str = "127.0.0.1:0"
 ) -> tuple[subprocess.Popen[bytes], str]:
     """An ``objq broker`` process serving ``url``; returns it and the address it bound."""
+    process, said = broker_process(children, url, token=token, listen=listen)
+    return process, said["address"]
+
+
+def broker_process(
+    children: Children,
+    url: str,
+    *,
+    token: str | None = None,
+    listen: str = "127.0.0.1:0",
+    extra: tuple[str, ...] = (),
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """An ``objq broker`` process serving ``url`` (with ``extra`` options); returns it and
+    the event it announced itself with."""
     env = {k: v for k, v in os.environ.items() if k != "OBJQ_BROKER_TOKEN"}
     if token is not None:
         env["OBJQ_BROKER_TOKEN"] = token
     command = [sys.executable, "-m", "objq_broker.cli", "broker", "--url", url, "--listen", listen]
     process = children.adopt(
         subprocess.Popen(
-            [*command, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+            [*command, *extra, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
         )
     )
     assert process.stdout is not None
@@ -43,7 +58,8 @@ def start_broker(
     if not line:
         assert process.stderr is not None
         raise AssertionError(f"objq broker did not start: {process.stderr.read().decode()}")
-    return process, json.loads(line)["address"]
+    said: dict[str, Any] = json.loads(line)
+    return process, said
 
 
 @pytest.fixture
@@ -176,3 +192,30 @@ class _env:
     def __exit__(self, *exc: object) -> None:
         os.environ.clear()
         os.environ.update(self.saved)
+
+
+def test_the_broker_serves_its_metrics(children: Children, url: str) -> None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    # Given a dedicated broker with metrics, and a client that commits through it
+    process, event = broker_process(children, url, extra=("--metrics-listen", "127.0.0.1:0"))
+    with Queue(url, broker=event["address"]) as client:
+        client.declare("q")
+        for n in range(5):
+            client.enqueue("q", bytes([n]))
+    # When its endpoint is scraped
+    with urllib.request.urlopen(event["metrics"], timeout=10) as response:
+        families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+    children.stop(process)
+    # Then the commits it made for the client are there, with their storage requests
+    [count] = [
+        s.value
+        for s in families["objq_engine_commit_duration_seconds"].samples
+        if s.name.endswith("_count")
+    ]
+    assert count >= 6  # the election's, the declare's and the five enqueues'
+    writes = {s.labels["kind"]: s.value for s in families["objq_storage_requests"].samples}
+    assert writes["write"] >= 6
+    assert {s.labels["queue"] for s in families["objq_queue_jobs"].samples} == {"q"}
