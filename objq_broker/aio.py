@@ -20,9 +20,20 @@ from typing import Any, TypeVar
 from objq_broker import ops
 from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.commit import EngineMetrics
-from objq_broker.model.ops import DeadLetters, Expire, FindJob, GetConfig, Op, QueueNames
+from objq_broker.model.checks import checked_timeout
+from objq_broker.model.ops import (
+    DeadLetters,
+    Expire,
+    FindJob,
+    GetConfig,
+    Op,
+    QueueNames,
+    Workers,
+    WriteBudget,
+)
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
 from objq_broker.model.state import QueueStats, StagedBodies, StagedRun
+from objq_broker.model.workers import Worker
 from objq_broker.queue import (
     DEFAULT_MAX_POLL_SECONDS,
     DEFAULT_POLL_SECONDS,
@@ -119,6 +130,15 @@ class AsyncQueue:
     async def config(self, queue: str) -> QueueConfig:
         return await self._run(GetConfig(ops.queue_name(queue)))
 
+    async def set_write_budget(self, writes_per_second: float | None) -> float | None:
+        return await self._run(ops.set_write_budget(writes_per_second))
+
+    async def workers(self) -> list[Worker]:
+        return await self._run(Workers())
+
+    async def write_budget(self) -> float | None:
+        return await self._run(WriteBudget())
+
     async def purge(self, queue: str) -> int:
         return await self._run(ops.purge(queue))
 
@@ -195,6 +215,7 @@ class AsyncQueue:
         owner: str | None = None,
         timeout: float | None = None,
     ) -> list[Delivery]:
+        timeout = checked_timeout(timeout, f"claim from {queue!r}")
         end = None if timeout is None else time.monotonic() + timeout
         event = asyncio.Event()
         waiter = (asyncio.get_running_loop(), event)

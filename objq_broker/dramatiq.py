@@ -19,6 +19,12 @@ Mapping onto objq:
   an attempt. Acks return once submitted and are durable with the next commit: a lost ack
   only means one more delivery.
 * Priority comes from the ``broker_priority`` option (higher runs first, as with RabbitMQ).
+
+Checked before anything is stored (a :class:`~objq_broker.errors.ConfigurationError`, a
+``ValueError``, names what was refused): the broker's settings when it is built, an actor's
+``broker_priority`` when it is declared, and a message's ``broker_priority`` (a whole number
+within ±(2**31 - 1); ``True``, ``1.5``, ``"3"`` refused) and ``delay`` (finite milliseconds,
+at most about a century either way) when it is sent.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
 
 try:
     import dramatiq
@@ -43,6 +52,15 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
 
 from objq_broker.consume import ClaimWindow, LeaseKeeper, positive_seconds, seconds_from_env
 from objq_broker.errors import ConfigurationError, QueueClosed, StorageError, job_error
+from objq_broker.model.checks import (
+    MAX_SECONDS,
+    PRIORITY_RANGE,
+    Attempts,
+    ClaimCount,
+    PositiveSeconds,
+    checked,
+)
+from objq_broker.ops import default_owner
 from objq_broker.queue import Delivery, Queue
 from objq_broker.results.dramatiq import ObjqRateLimiterBackend, ObjqResultBackend
 from objq_broker.storage import ObjectStore
@@ -62,6 +80,31 @@ LEASE_ENV = "OBJQ_LEASE_SECONDS"
 DEFAULT_MAX_CLAIM = 256
 #: How many actor exceptions the broker remembers for ``join(fail_fast=True)``.
 _REMEMBERED_FAILURES = 1000
+#: Longest delay (or dead-letter retention) accepted, in milliseconds: objq's bound on any
+#: span of time, about a century.
+MAX_DELAY_MS = MAX_SECONDS * 1000.0
+#: ``broker_priority`` is stored negated (objq runs lower first), so its range is symmetric.
+BROKER_PRIORITY_RANGE = (-PRIORITY_RANGE[1], PRIORITY_RANGE[1])
+
+Milliseconds = Annotated[float, Meta(ge=-MAX_DELAY_MS, le=MAX_DELAY_MS)]
+BrokerPriority = Annotated[int, Meta(ge=BROKER_PRIORITY_RANGE[0], le=BROKER_PRIORITY_RANGE[1])]
+
+
+class _Settings(msgspec.Struct):
+    """The broker's own settings, checked when it is built (not when a queue is declared)."""
+
+    lease_seconds: PositiveSeconds
+    heartbeat_seconds: PositiveSeconds
+    dead_message_ttl: Annotated[float, Meta(gt=0, le=MAX_DELAY_MS)]
+    max_deliveries: Attempts
+    max_claim: ClaimCount
+
+
+class _SendOptions(msgspec.Struct):
+    """What a message asks of ``enqueue``, checked before it is copied or stored."""
+
+    delay: Milliseconds | None = None
+    broker_priority: BrokerPriority | None = None
 
 
 @contextlib.contextmanager
@@ -105,7 +148,7 @@ class ObjqBroker(dramatiq.Broker):
         queue: Queue | None = None,
         lease_seconds: float | None = None,
         heartbeat_seconds: float | None = None,
-        dead_message_ttl: int = DEFAULT_DEAD_MESSAGE_TTL_MS,
+        dead_message_ttl: float = DEFAULT_DEAD_MESSAGE_TTL_MS,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
         max_claim: int = DEFAULT_MAX_CLAIM,
         fail_fast_default: bool = False,
@@ -117,23 +160,37 @@ class ObjqBroker(dramatiq.Broker):
             raise ConfigurationError(
                 "ObjqBroker: got queue= together with a URL, store= or options; expected one"
             )
-        self.client = queue if queue is not None else Queue(url, store=store, **options)
-        self.queues: set[str] = set()
-        self.lease_seconds = (
+        lease = (
             positive_seconds(lease_seconds, "lease_seconds", where="ObjqBroker")
-            if lease_seconds
+            if lease_seconds is not None
             else seconds_from_env(LEASE_ENV, DEFAULT_LEASE_SECONDS)
         )
-        self.heartbeat_seconds = (
-            positive_seconds(heartbeat_seconds, "heartbeat_seconds", where="ObjqBroker")
-            if heartbeat_seconds
-            else self.lease_seconds / 3.0
-        )
-        self.dead_message_ttl = dead_message_ttl
-        self.max_deliveries = max_deliveries
-        if max_claim < 1:
-            raise ConfigurationError(f"ObjqBroker: max_claim must be at least 1, found {max_claim}")
-        self.max_claim = max_claim
+        given = {
+            "lease_seconds": lease,
+            "heartbeat_seconds": lease / 3.0
+            if heartbeat_seconds is None
+            else positive_seconds(heartbeat_seconds, "heartbeat_seconds", where="ObjqBroker"),
+            "dead_message_ttl": dead_message_ttl,
+            "max_deliveries": max_deliveries,
+            "max_claim": max_claim,
+        }
+        # Checked before the queue is opened: a refused broker leaves nothing running.
+        settings = checked(given, _Settings, "ObjqBroker")
+        if settings.heartbeat_seconds >= settings.lease_seconds:
+            raise ConfigurationError(
+                f"ObjqBroker: heartbeat_seconds: expected less than lease_seconds "
+                f"({settings.lease_seconds:g}), found {settings.heartbeat_seconds:g}"
+            )
+        if queue is None:
+            options.setdefault("owner", default_owner("dramatiq"))  # shown by objq workers
+            queue = Queue(url, store=store, **options)
+        self.client = queue
+        self.queues: set[str] = set()
+        self.lease_seconds = settings.lease_seconds
+        self.heartbeat_seconds = settings.heartbeat_seconds
+        self.dead_message_ttl = settings.dead_message_ttl
+        self.max_deliveries = settings.max_deliveries
+        self.max_claim = settings.max_claim
         self.fail_fast_default = fail_fast_default
         self.actor_options.add("broker_priority")
         self._consumers: weakref.WeakSet[_ObjqConsumer] = weakref.WeakSet()
@@ -168,6 +225,13 @@ class ObjqBroker(dramatiq.Broker):
         keeper.register(consumer.window)
         return consumer
 
+    def declare_actor(self, actor: dramatiq.Actor[Any, Any]) -> None:
+        """Declare ``actor``, refusing a ``broker_priority`` no message could be sent with."""
+        priority = actor.options.get("broker_priority")
+        where = f"ObjqBroker: actor {actor.actor_name!r}"
+        checked({"broker_priority": priority}, _SendOptions, where)
+        super().declare_actor(actor)
+
     def declare_queue(self, queue_name: str) -> None:
         if queue_name in self.queues:
             return
@@ -189,10 +253,12 @@ class ObjqBroker(dramatiq.Broker):
     def enqueue(
         self, message: dramatiq.Message[Any], *, delay: int | None = None
     ) -> dramatiq.Message[Any]:
+        sent = self._send_options(message, delay)
         queue_name = message.queue_name
-        if delay is not None:
+        if sent.delay is not None:
             queue_name = dq_name(queue_name)
-            message = message.copy(queue_name=queue_name, options={"eta": current_millis() + delay})
+            eta = current_millis() + sent.delay
+            message = message.copy(queue_name=queue_name, options={"eta": eta})
         if queue_name not in self.queues and queue_name not in self.delay_queues:
             raise QueueNotFound(queue_name)
         self.emit_before("enqueue", message, delay)
@@ -200,17 +266,20 @@ class ObjqBroker(dramatiq.Broker):
             self.client.enqueue(
                 queue_name,
                 message.encode(),
-                priority=-self._broker_priority(message),
-                delay=None if delay is None else max(delay, 0) / 1000.0,
+                priority=-(sent.broker_priority or 0),
+                delay=None if sent.delay is None else max(sent.delay, 0) / 1000.0,
             )
         self.emit_after("enqueue", message, delay)
         return message
 
-    def _broker_priority(self, message: dramatiq.Message[Any]) -> int:
+    def _send_options(self, message: dramatiq.Message[Any], delay: float | None) -> _SendOptions:
+        """The message's delay (milliseconds) and ``broker_priority`` (its own, else its
+        actor's), checked; :class:`ConfigurationError` naming the one refused."""
         priority = message.options.get("broker_priority")
         if priority is None and message.actor_name in self.actors:
             priority = self.actors[message.actor_name].options.get("broker_priority")
-        return int(priority or 0)
+        where = f"ObjqBroker: message to actor {message.actor_name!r} (delay in milliseconds)"
+        return checked({"delay": delay, "broker_priority": priority}, _SendOptions, where)
 
     def get_declared_queues(self) -> set[str]:
         return set(self.queues)

@@ -8,9 +8,30 @@ queue, job id).
 
 from __future__ import annotations
 
+import re
+
+#: Query parameters whose values are never shown (a URL may carry a credential in one).
+_SECRET_PARAMETER = re.compile(
+    r"(?i)([?&][^=&\s'\"]*(?:secret|token|password|key)[^=&\s'\"]*)=[^&\s'\"]*"
+)
+#: ``user:password@`` after a scheme, anywhere in a text (an endpoint in a query string too).
+_USERINFO = re.compile(r"(://)[^/?#@\s'\"]*@")
+
+
+def redacted(text: str) -> str:
+    """``text`` (a URL, or a message that may hold URLs) fit to print or log: no
+    ``user:password@``, and the values of query parameters that look like credentials
+    (``...secret...``, ``token``, ``password``, ``key``) replaced by ``***``. The one place
+    such text is cleaned: every objq error's message passes through it."""
+    return _SECRET_PARAMETER.sub(r"\1=***", _USERINFO.sub(r"\1", text))
+
 
 class ObjqError(Exception):
-    """Root of every error raised by objq."""
+    """Root of every error raised by objq. Its message is :func:`redacted`: an error may
+    quote a URL or an SDK's message, and errors end up in logs, terminals and job records."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redacted(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 class ConfigurationError(ObjqError, ValueError):
@@ -34,7 +55,14 @@ def job_error(exc: BaseException | None) -> str | None:
     """What a job's record keeps of the exception its run raised: ``Type: message``, cut."""
     if exc is None:
         return None
-    return f"{type(exc).__name__}: {exc}"[:MAX_JOB_ERROR_CHARS]
+    return storable_text(f"{type(exc).__name__}: {exc}"[:MAX_JOB_ERROR_CHARS])
+
+
+def storable_text(text: str) -> str:
+    """``text`` as UTF-8 can hold it: lone surrogates (an exception about a file name read
+    from undecodable bytes carries them) become backslash escapes. A state that cannot be
+    encoded would fail every operation of its commit."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 # --- storage ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from objq_broker.errors import ConfigurationError
+from objq_broker.errors import ConfigurationError, storable_text
 from objq_broker.model import ops
 from objq_broker.model.checks import (
     Attempts,
@@ -32,6 +32,7 @@ from objq_broker.model.checks import (
     QueueName,
     Seconds,
     SignedSeconds,
+    WriteRate,
     checked,
 )
 from objq_broker.model.records import Job, JobState, QueueConfig, RunOutcome, encode_payload
@@ -70,8 +71,10 @@ def deliveries(jobs: Iterable[Job]) -> list[Delivery]:
     return [Delivery(job, job.lease.token) for job in jobs if job.lease is not None]
 
 
-def default_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+def default_owner(framework: str | None = None) -> str:
+    """``host:pid``, or ``host:pid:framework``: what ``objq workers`` shows a holder by."""
+    base = f"{socket.gethostname()}:{os.getpid()}"
+    return base if framework is None else f"{base}:{framework}"
 
 
 def seconds(value: Delay, what: str) -> float | None:
@@ -161,6 +164,15 @@ def configure(queue: str, changes: Mapping[str, Any]) -> ops.Configure:
     name = queue_name(queue, f"configure {queue!r}")
     settings_of(name, QueueConfig(), dict(changes))  # checked now, applied to the stored ones
     return ops.Configure(name, dict(changes))
+
+
+class _Budget(msgspec.Struct, frozen=True):
+    writes_per_second: WriteRate | None
+
+
+def set_write_budget(writes_per_second: float | None) -> ops.SetWriteBudget:
+    args = checked({"writes_per_second": writes_per_second}, _Budget, "write budget")
+    return ops.SetWriteBudget(args.writes_per_second)
 
 
 def purge(queue: str) -> ops.Purge:
@@ -295,7 +307,7 @@ def heartbeat(held: Sequence[Delivery], *, lease: Delay = None) -> ops.Heartbeat
 def ack(delivery: Delivery, *, outcome: str = "done", error: str | None = None) -> ops.Ack:
     args = checked({"outcome": outcome, "error": error}, _AckArgs, f"ack of {delivery.id}")
     job_id, token = delivery.held
-    return ops.Ack(job_id, token, args.outcome, args.error)
+    return ops.Ack(job_id, token, args.outcome, _storable(args.error))
 
 
 def note_outcome(job_id: str, queue: str, outcome: str, error: str | None) -> ops.NoteOutcome:
@@ -304,7 +316,7 @@ def note_outcome(job_id: str, queue: str, outcome: str, error: str | None) -> op
         _NoteArgs,
         "note_outcome",
     )
-    return ops.NoteOutcome(args.job_id, args.queue, args.outcome, args.error)
+    return ops.NoteOutcome(args.job_id, args.queue, args.outcome, _storable(args.error))
 
 
 def nack(
@@ -317,7 +329,13 @@ def nack(
         where,
     )
     job_id, token = delivery.held
-    return ops.Nack(job_id, token, args.error, args.retry, _rng.random(), args.delay)
+    return ops.Nack(job_id, token, _storable(args.error), args.retry, _rng.random(), args.delay)
+
+
+def _storable(error: str | None) -> str | None:
+    """A job's error as the state can hold it (see :func:`~objq_broker.errors.storable_text`):
+    an error message is kept whatever it holds, never a reason for its ack to fail."""
+    return None if error is None else storable_text(error)
 
 
 def release(held: Sequence[Delivery]) -> ops.Release:

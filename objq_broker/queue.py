@@ -17,19 +17,36 @@ import importlib.util
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from objq_broker import ops
 from objq_broker.broker.settings import BrokerSettings, broker_settings
 from objq_broker.engine.commit import DEFAULT_COMMIT_DEADLINE_SECONDS, Engine, EngineMetrics
-from objq_broker.engine.options import resolve_store
+from objq_broker.engine.options import (
+    QueueLimits,
+    check_engine_settings,
+    engine_part,
+    resolve_store,
+)
 from objq_broker.engine.port import Committer
-from objq_broker.errors import ConfigurationError, LeaseLost
-from objq_broker.model.ops import Claim, DeadLetters, Expire, FindJob, GetConfig, Op, QueueNames
+from objq_broker.errors import ConfigurationError, LeaseLost, StateCorrupt, job_error
+from objq_broker.model.checks import checked_timeout
+from objq_broker.model.ops import (
+    Claim,
+    DeadLetters,
+    Expire,
+    FindJob,
+    GetConfig,
+    Op,
+    QueueNames,
+    Workers,
+    WriteBudget,
+)
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
 from objq_broker.model.state import QueueStats, StagedBodies, StagedRun
+from objq_broker.model.workers import Worker
 from objq_broker.ops import Delay, Delivery, default_owner
 from objq_broker.storage import ObjectStore
 from objq_broker.storage.metered import MeteredStore
@@ -85,6 +102,13 @@ class Queue:
         settings = (
             broker if isinstance(broker, BrokerSettings) else broker_settings(broker, options)
         )
+        own = {
+            "owner": owner,
+            "poll_seconds": poll_seconds,
+            "max_poll_seconds": max_poll_seconds,
+            "implicit_queues": implicit_queues,
+        }
+        check_engine_settings(own | engine_part(options), QueueLimits)
         opened, engine_options = resolve_store(url, store, options, "Queue")
         #: The store, every request to it counted (``storage_meter``) for the metrics.
         self.store = MeteredStore(opened)
@@ -205,6 +229,21 @@ class Queue:
     def config(self, queue: str) -> QueueConfig:
         return self.submit(GetConfig(ops.queue_name(queue))).result()
 
+    def set_write_budget(self, writes_per_second: float | None) -> float | None:
+        """Allow at most this many state writes per second, by every process of the
+        namespace together (None: no limit). Latency rises to match; nothing is lost
+        (``engine.budget``, ``objq budget``)."""
+        return self.submit(ops.set_write_budget(writes_per_second)).result()
+
+    def workers(self) -> list[Worker]:
+        """Who holds jobs: each lease holder with its queues, jobs held, oldest claim and
+        last heartbeat, and those whose leases ran out lately (``model.workers``)."""
+        return self.submit(Workers()).result()
+
+    def write_budget(self) -> float | None:
+        """The namespace's write budget, in state writes per second (None: none)."""
+        return self.submit(WriteBudget()).result()
+
     def purge(self, queue: str) -> int:
         """Delete the queue's ready and delayed jobs; returns how many."""
         return self.submit(ops.purge(queue)).result()
@@ -307,6 +346,7 @@ class Queue:
         in the order given until ``n`` are found). With ``timeout``, wait up to that many
         seconds for at least one; without, return at once (maybe empty). Payloads kept out of
         line are read in parallel before this returns."""
+        timeout = checked_timeout(timeout, f"claim from {queue!r}")
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             seen = self._commits
@@ -445,18 +485,34 @@ class Queue:
 
     # --- payloads kept out of the state --------------------------------------------------
 
-    def fill(self, job: Job) -> Job:
-        """``job`` with its payload loaded, if the state keeps it out of line."""
-        return self.committer.bodies.fill(job)
+    def fill(self, job: Job, *, lenient: bool = False) -> Job:
+        """``job`` with its payload loaded, if the state keeps it out of line; ``lenient``:
+        as it is if that payload cannot be read (see ``BodyCache.fill``)."""
+        return self.committer.bodies.fill(job, lenient=lenient)
 
     def fill_deliveries(self, deliveries: list[Delivery]) -> list[Delivery]:
-        return [Delivery(self.fill(d.job), d.token) for d in deliveries]
+        """``deliveries`` with their payloads loaded. One whose payload is missing or
+        unreadable is dead-lettered at once, saying why, and left out: the others are
+        delivered, and no attempt of theirs is spent on it. (The dead-lettering is not
+        waited for: this may run on the writer thread, as a claim's callback. If it fails,
+        the lease runs out and the job comes back, to the same end.)"""
+        filled = []
+        for delivery in deliveries:
+            try:
+                filled.append(Delivery(self.fill(delivery.job), delivery.token))
+            except StateCorrupt as exc:
+                log.warning("dead-lettering job %s: %s", delivery.id, exc)
+                error = job_error(exc)
+                self.submit(ops.nack(delivery, error=error, retry=False)).add_done_callback(
+                    _log_failure(f"dead-lettering job {delivery.id}")
+                )
+        return filled
 
     # --- dead letters ----------------------------------------------------------------------
 
     def dead_letters(self, queue: str) -> list[Job]:
         dead = self.submit(DeadLetters(ops.queue_name(queue))).result()
-        return [self.fill(job) for job in dead]
+        return [self.fill(job, lenient=True) for job in dead]
 
     def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> list[str]:
         """Move dead letters (all, or these ids) back to the queue with fresh attempts."""
@@ -483,14 +539,14 @@ class Queue:
     def job(self, job_id: str) -> tuple[JobState, Job] | None:
         """A job's state ('ready', 'delayed', 'in-flight', 'dead') and record, if in the state."""
         found = self.submit(FindJob(job_id)).result()
-        return None if found is None else (found[0], self.fill(found[1]))
+        return None if found is None else (found[0], self.fill(found[1], lenient=True))
 
     def jobs(
         self, queue: str, *, state: JobState | None = None, limit: int | None = None
     ) -> list[tuple[JobState, Job]]:
         """Jobs of ``queue`` in claim order (dead letters last), optionally one state only."""
         rows = self.submit(ops.list_jobs(queue, state, limit)).result()
-        return [(where, self.fill(job)) for where, job in rows]
+        return [(where, self.fill(job, lenient=True)) for where, job in rows]
 
     def expire(self) -> int:
         """Return stale leases to their queues now (commits also do this on their own)."""
@@ -573,3 +629,13 @@ def _mapped(future: Future[Any], convert: Any) -> Future[Any]:
 
     future.add_done_callback(done)
     return mapped
+
+
+def _log_failure(what: str) -> Callable[[Future[Any]], None]:
+    """A future's callback that logs its failure, for a submission nobody waits for."""
+
+    def done(future: Future[Any]) -> None:
+        if future.exception() is not None:
+            log.warning("%s failed: %s", what, future.exception())
+
+    return done

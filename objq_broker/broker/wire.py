@@ -18,6 +18,7 @@ import msgspec
 
 from objq_broker import errors
 from objq_broker.model import ops
+from objq_broker.model.checks import UNDECODABLE
 
 T = TypeVar("T")
 _encoder = msgspec.json.Encoder()
@@ -86,7 +87,7 @@ def _decode(decoder: msgspec.json.Decoder[T], data: bytes, what: str) -> T:
     """``data`` decoded with every constraint checked, or :class:`ConfigurationError`."""
     try:
         return decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except UNDECODABLE as exc:
         raise errors.ConfigurationError(f"{what}: {exc}") from None
 
 
@@ -112,7 +113,7 @@ def encode_hello(hello: Hello) -> bytes:
 def decode_hello(data: bytes) -> Hello:
     try:
         return msgspec.json.decode(data, type=Hello)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except UNDECODABLE as exc:
         raise errors.StorageError(f"broker hello: {exc}") from None
 
 

@@ -138,8 +138,10 @@ def _report(exc: BaseException, debug: bool) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
+    from objq_broker.cli.output import printable
+
     text = str(exc) or type(exc).__name__
-    return " ".join(text.split())
+    return printable(" ".join(text.split()))  # a message may quote what the store holds
 
 
 def _silence_stdout() -> None:

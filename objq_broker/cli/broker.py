@@ -16,6 +16,7 @@ import threading
 
 from objq_broker.cli.context import Context
 from objq_broker.cli.exporter import metrics_module, serve_metrics
+from objq_broker.cli.output import printable
 from objq_broker.errors import ConfigurationError, ObjqError
 from objq_broker.queue import Queue
 
@@ -73,7 +74,10 @@ def _announce(ctx: Context, role: str, record: object, metrics_url: str | None) 
     event = "serving" if role == "leader" else "standby"
     epoch = getattr(record, "epoch", None)
     said = {"event": event, "address": address, "epoch": epoch, "url": ctx.store().url}
-    shown = f"objq broker: {event} {ctx.store().url}: broker at {address} (epoch {epoch})"
+    # The address comes from the broker record in the store: shown escaped, as any stored text.
+    shown = printable(
+        f"objq broker: {event} {ctx.store().url}: broker at {address} (epoch {epoch})"
+    )
     if metrics_url is not None:
         said["metrics"] = metrics_url
         shown += f"; metrics at {metrics_url}"

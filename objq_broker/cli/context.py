@@ -72,13 +72,16 @@ class Context:
         a missing bucket or a corrupt state fail at once, before anything is submitted."""
         return Snapshot.read(self.store(create=create))
 
-    def queue(self, *, create: bool = False, serves: bool = False) -> Queue:
+    def queue(
+        self, *, create: bool = False, serves: bool = False, owner: str | None = None
+    ) -> Queue:
         """The queue API on the store. Through the namespace's broker unless ``OBJQ_BROKER``
         says otherwise; only a long-running command (``serves``) may become the broker: a
-        one-shot command would take the role only to resign it a moment later."""
+        one-shot command would take the role only to resign it a moment later. ``owner``
+        names the lease holder (``objq workers`` shows it)."""
         if self._queue is None:
             broker = broker_settings(None, {}, default="auto" if serves else "client")
-            self._queue = Queue(store=self.store(create=create), broker=broker)
+            self._queue = Queue(store=self.store(create=create), broker=broker, owner=owner)
         return self._queue
 
     def emit(self, value: Any, text: str) -> None:
@@ -89,7 +92,9 @@ class Context:
             print(text, flush=True)
 
     def close(self) -> None:
-        if self._queue is not None:
-            self._queue.close()
-        if self._store is not None:
-            self._store.close()
+        """Close the queue and the store; closing again does nothing."""
+        queue, store, self._queue, self._store = self._queue, self._store, None, None
+        if queue is not None:
+            queue.close()
+        if store is not None:
+            store.close()

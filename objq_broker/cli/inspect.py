@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from objq_broker.cli.context import Context
-from objq_broker.cli.output import UsageError, print_json, table
+from objq_broker.cli.output import UsageError, print_json, printable, table
 from objq_broker.cli.render import job_dict, payload_fields, payload_preview
 from objq_broker.engine.snapshot import ACTIVE_CLIENT_SECONDS, Snapshot
 from objq_broker.errors import JobNotFound
@@ -56,6 +56,7 @@ def status_dict(snap: Snapshot) -> dict[str, Any]:
         "committed_at": snap.committed_at,
         "read_at": snap.read_at,
         "broker": _broker_dict(snap),
+        "write_budget": snap.write_budget,
         "queues": queues,
     }
 
@@ -75,12 +76,12 @@ def _broker_dict(snap: Snapshot) -> dict[str, Any] | None:
 
 def status_text(status: dict[str, Any]) -> str:
     if not status["exists"]:
-        return f"{status['url']}: no state yet (nothing was ever enqueued here)"
+        return f"{printable(status['url'])}: no state yet (nothing was ever enqueued here)"
     committed = status["committed_at"]
     since = None if committed is None else max(status["read_at"] - committed, 0.0)
     head = (
-        f"{status['url']}  state version {status['version']:,}, {size(status['size_bytes'])}, "
-        f"last commit {when(committed)} ({age(since)} ago)"
+        f"{printable(status['url'])}  state version {status['version']:,}, "
+        f"{size(status['size_bytes'])}, last commit {when(committed)} ({age(since)} ago)"
     )
     rows = [
         [
@@ -96,10 +97,12 @@ def status_text(status: dict[str, Any]) -> str:
     broker = status.get("broker")
     if broker is not None:
         head += (
-            f"\nbroker {broker['address']} (epoch {broker['epoch']}, since "
+            f"\nbroker {printable(broker['address'])} (epoch {broker['epoch']}, since "
             f"{when(broker['since'])}), {broker['active_clients']} clients committed in the "
             f"last {age(ACTIVE_CLIENT_SECONDS)}"
         )
+    if status.get("write_budget") is not None:
+        head += f"\nwrite budget: at most {status['write_budget']:g} state writes per second"
     if not rows:
         return head + "\nno queues declared"
     headers = ["QUEUE", "READY", "DELAYED", "IN FLIGHT", "DEAD", "OLDEST READY"]
@@ -178,7 +181,7 @@ def cmd_jobs_show(ctx: Context) -> int:
         return 0
     for name, value in record.items():
         shown = f"{when(value)} ({value})" if name.endswith("_at") and value else value
-        print(f"{name:>16}: {'-' if shown is None else shown}")
+        print(f"{name:>16}: {'-' if shown is None else printable(shown)}")
     return 0
 
 

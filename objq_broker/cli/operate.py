@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-import logging
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +14,7 @@ from objq_broker.cli import cmdjob
 from objq_broker.cli.context import Context
 from objq_broker.cli.inspect import config_dict, parse_duration
 from objq_broker.cli.output import Cancelled, Progress, UsageError, confirm
+from objq_broker.typed.schema import PayloadInvalid, Schema
 
 #: Jobs per commit of a bulk enqueue (each batch is all-or-none).
 DEFAULT_ENQUEUE_BATCH = 1000
@@ -94,9 +95,11 @@ def cmd_enqueue(ctx: Context) -> int:
     if a.key is not None and a.payload is None:
         raise UsageError("enqueue: --key names one job; it cannot be used with --file or --jsonl")
     options = _enqueue_options(ctx)
+    schema = _schema(a.schema)
     if a.payload is not None:
-        return _enqueue_one(ctx, a.payload.encode(), key=a.key, **options)
-    payloads = list(_read_payloads(a.file or a.jsonl, jsonl=a.jsonl is not None))
+        payload = _checked(schema, a.payload.encode(), "PAYLOAD")
+        return _enqueue_one(ctx, payload, key=a.key, **options)
+    payloads = list(_read_payloads(a.file or a.jsonl, jsonl=a.jsonl is not None, schema=schema))
     ctx.snapshot(create=True)
     queue = ctx.queue(create=True)
     bar = Progress(len(payloads), f"enqueue {a.queue}", enabled=None if not ctx.json else False)
@@ -128,9 +131,30 @@ def _enqueue_one(ctx: Context, payload: bytes, *, key: str | None, **options: An
     return 0
 
 
-def _read_payloads(path: str, *, jsonl: bool) -> Iterator[bytes]:
-    """One payload per non-empty line (``-`` reads stdin); JSON lines are checked first, so a
-    bad line refuses the whole file before anything is enqueued."""
+def _schema(path: str | None) -> Schema[Any] | None:
+    """The type ``--schema`` names, its module imported from the current directory too (as
+    ``celery -A`` does): the ``objq`` script puts only its own directory on the path."""
+    if path is None:
+        return None
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return Schema.from_path(path)
+
+
+def _checked(schema: Schema[Any] | None, payload: bytes, where: str) -> bytes:
+    """``payload``, or a usage error if it does not validate against ``schema``."""
+    if schema is not None:
+        try:
+            schema.decode(payload, where=where)
+        except PayloadInvalid as exc:
+            raise UsageError(str(exc)) from None
+    return payload
+
+
+def _read_payloads(path: str, *, jsonl: bool, schema: Schema[Any] | None) -> Iterator[bytes]:
+    """One payload per non-empty line (``-`` reads stdin); JSON lines, and lines against a
+    schema, are checked first, so a bad line refuses the whole file before anything is
+    enqueued."""
     if path == "-":
         data = sys.stdin.buffer.read()
     else:
@@ -148,7 +172,7 @@ def _read_payloads(path: str, *, jsonl: bool) -> Iterator[bytes]:
                 raise UsageError(
                     f"{path}, line {number}: expected a JSON document, found {line[:40]!r} ({exc})"
                 ) from None
-        yield line.strip() if jsonl else line
+        yield _checked(schema, line.strip() if jsonl else line, f"{path}, line {number}")
 
 
 def cmd_enqueue_cmd(ctx: Context) -> int:
@@ -255,51 +279,6 @@ def cmd_requeue_stale(ctx: Context) -> int:
 
 
 def cmd_worker(ctx: Context) -> int:
-    from objq_broker.cli.worker import CommandWorker
+    from objq_broker.cli.worker import cmd_worker as run_worker
 
-    logging.basicConfig(format="objq worker: %(message)s", level=logging.WARNING)
-    a = ctx.args
-    timeout = None if a.timeout is None else parse_duration(a.timeout)
-    if (a.prefetch is not None and a.prefetch < 0) or timeout == 0:
-        raise UsageError(
-            f"worker: expected --prefetch >= 0 and --timeout > 0, found {a.prefetch} and "
-            f"{a.timeout}"
-        )
-    # A worker may well start before the first job is enqueued: it creates a missing
-    # directory as Dramatiq and Celery workers on the same URL do. It does not create its
-    # queue unless asked (--declare): a mistyped name must fail, not wait for ever.
-    ctx.snapshot(create=True)
-    queue = ctx.queue(create=True, serves=True)
-    if a.declare:
-        queue.declare(a.queue)
-    worker = CommandWorker(
-        queue,
-        a.queue,
-        count=a.count,
-        prefetch=a.count if a.prefetch is None else a.prefetch,
-        default_timeout=timeout,
-        burst=a.burst,
-        json=ctx.json,
-    )
-    worker.install_signal_handlers()
-    server = None
-    if a.metrics_listen is not None:
-        from objq_broker.cli.exporter import metrics_module, serve_metrics
-
-        registry = metrics_module("objq worker --metrics-listen").worker_registry(queue)
-        server = serve_metrics(registry, a.metrics_listen, "--metrics-listen")
-        ctx.emit(
-            {"event": "metrics", "metrics": server.url}, f"objq worker: metrics at {server.url}"
-        )
-    try:
-        tally = worker.run()
-    finally:
-        if server is not None:
-            server.stop()
-    ctx.emit({"event": "stopped", **tally.as_dict()}, "")
-    if not ctx.json:
-        print(
-            "objq worker: stopped; " + ", ".join(f"{k} {v}" for k, v in tally.as_dict().items()),
-            file=sys.stderr,
-        )
-    return 0
+    return run_worker(ctx)

@@ -3,11 +3,18 @@ the confirmation asked before anything is deleted.
 
 Results go to stdout; progress, prompts and errors go to stderr, so ``objq ... --json | jq``
 always receives clean JSON.
+
+Whatever the output for people shows from the store (payloads, errors, queue names, lease
+owners) passes through :func:`printable` first: anyone who can write to the bucket chooses those
+strings, and a raw escape sequence in one could clear the operator's screen, retitle the
+terminal or forge lines of the output. ``--json`` output is left as it is (JSON escapes
+control characters itself; a program reads it, not a terminal).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -18,6 +25,16 @@ from typing import Any, TextIO
 PROGRESS_REDRAW_SECONDS = 0.1
 #: Characters of the bar itself.
 PROGRESS_WIDTH = 30
+#: Characters a terminal acts on instead of showing: C0 (newline and tab included), DEL, C1,
+#: the Unicode bidirectional controls (which reorder what follows, so text can read other than
+#: it is) and the line and paragraph separators.
+_BIDI_CONTROLS = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+_UNSAFE = (*range(0x20), 0x7F, *range(0x80, 0xA0), *_BIDI_CONTROLS, 0x2028, 0x2029)
+_NAMED = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+_ESCAPES = {
+    code: _NAMED.get(code) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    for code in _UNSAFE
+}
 
 
 class UsageError(Exception):
@@ -26,6 +43,24 @@ class UsageError(Exception):
 
 class Cancelled(Exception):
     """The operator declined a confirmation; ``objq`` exits with status 1."""
+
+
+def printable(text: object) -> str:
+    """``text`` as one line that is safe to show on a terminal: every character a terminal would
+    act on is written as its Python escape instead (``\\x1b``, ``\\n``, ``\\u202e``).
+
+    >>> printable("ok\\x1b[2J\\nfake line\\u202e")
+    'ok\\\\x1b[2J\\\\nfake line\\\\u202e'
+    """
+    return str(text).translate(_ESCAPES)
+
+
+class EscapingFormatter(logging.Formatter):
+    """A log formatter whose messages go through :func:`printable` (they may quote what the
+    store holds); a traceback keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
 
 
 def print_json(value: Any, stream: TextIO | None = None) -> None:
@@ -53,7 +88,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
         ]
         return "  ".join(parts).rstrip()
 
-    return "\n".join([line(list(headers)), *(line(row) for row in cells)])
+    return "\n".join([line([printable(h) for h in headers]), *(line(row) for row in cells)])
 
 
 def _cell(value: object) -> str:
@@ -63,7 +98,7 @@ def _cell(value: object) -> str:
         return f"{value:,.1f}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
-    return str(value)
+    return printable(value)
 
 
 def iso(at: float | None) -> str | None:

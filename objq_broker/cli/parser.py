@@ -1,12 +1,22 @@
-"""The ``objq`` command line: every command, its options and its help text."""
+"""The ``objq`` command line: every command, its options and its help text.
+
+Option values are checked as they are parsed (the types at the end): a value the store or
+the queue API would refuse is refused here, naming its option, before the store is opened.
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from objq_broker.cli import inspect, operate
+from objq_broker.cli import fleet, inspect, operate, values
+from objq_broker.model.checks import (
+    MAX_ATTEMPTS,
+    MAX_CLAIM,
+    PRIORITY_RANGE,
+)
 
 Handler = Callable[..., int]
 
@@ -104,13 +114,31 @@ def _group(commands: Any, common: argparse.ArgumentParser, name: str, help_text:
 def _reading_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     sub = _add(commands, common, "status", inspect.cmd_status, "a table of every queue")
     sub.add_argument(
-        "--watch", nargs="?", const="2s", metavar="EVERY", help="refresh every EVERY (2s)"
+        "--watch",
+        nargs="?",
+        const="2s",
+        type=values.duration(),
+        metavar="EVERY",
+        help="refresh every EVERY (2s)",
     )
+    _add(commands, common, "workers", fleet.cmd_workers, "who holds jobs, and who is gone")
+    sub = _add(commands, common, "cost", fleet.cmd_cost, "measure state writes, price them")
+    sub.add_argument(
+        "--over", type=values.seconds_above_zero, default=10.0, help="measure for SECONDS (10)"
+    )
+    sub.add_argument(
+        "--readers",
+        type=values.whole(0, 100_000),
+        default=0,
+        help="processes reading each new state (direct-mode consumers; 0 with a broker)",
+    )
+    sub.add_argument("--price-per-1000-puts", type=values.price, metavar="USD")
+    sub.add_argument("--price-per-1000-gets", type=values.price, metavar="USD")
     jobs = _group(commands, common, "jobs", "list or show jobs")
     sub = _add(jobs, common, "list", inspect.cmd_jobs_list, "jobs of a queue, in claim order")
     sub.add_argument("queue")
     sub.add_argument("--state", choices=JOB_STATES)
-    sub.add_argument("--limit", type=_positive, default=100, help="at most this many (100)")
+    sub.add_argument("--limit", type=values.whole(), default=100, help="at most this many (100)")
     sub = _add(jobs, common, "show", inspect.cmd_jobs_show, "one job, payload included")
     sub.add_argument("id")
 
@@ -120,7 +148,12 @@ def _reading_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     sub = _add(config, common, "set", operate.cmd_config_set, "set one: QUEUE KEY VALUE")
     sub.add_argument("queue")
     sub.add_argument("key", metavar="KEY", help=", ".join(operate.SETTINGS))
-    sub.add_argument("value", metavar="VALUE", help="a number; durations take s/m/h/d")
+    sub.add_argument(
+        "value",
+        metavar="VALUE",
+        action=values.SettingValue,
+        help="a number; durations take s/m/h/d",
+    )
 
     archive = _group(commands, common, "archive", "finished jobs")
     for name, handler, text in (
@@ -128,8 +161,13 @@ def _reading_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         ("cat", inspect.cmd_archive_cat, "archived jobs in a time range, as JSON lines"),
     ):
         sub = _add(archive, common, name, handler, text)
-        sub.add_argument("--since", metavar="TIME", help="ISO 8601, Unix seconds or an age (2h)")
-        sub.add_argument("--until", metavar="TIME")
+        sub.add_argument(
+            "--since",
+            type=values.moment,
+            metavar="TIME",
+            help="ISO 8601, Unix seconds or an age (2h)",
+        )
+        sub.add_argument("--until", type=values.moment, metavar="TIME")
         if name == "cat":
             sub.add_argument("--queue")
 
@@ -137,10 +175,15 @@ def _reading_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     sub = _add(commands, common, "enqueue", operate.cmd_enqueue, "add jobs: one, or a file's")
     sub.add_argument("queue")
-    sub.add_argument("payload", nargs="?", help="the payload, as text")
+    sub.add_argument("payload", nargs="?", type=values.utf8_text, help="the payload, as text")
     sub.add_argument("--file", metavar="F", help="one payload per line of F ('-': stdin)")
     sub.add_argument("--jsonl", metavar="F", help="one JSON document per line of F")
-    sub.add_argument("--batch", type=_positive, default=operate.DEFAULT_ENQUEUE_BATCH)
+    sub.add_argument(
+        "--schema",
+        metavar="MODULE:TYPE",
+        help="check every payload against this type before anything is committed",
+    )
+    sub.add_argument("--batch", type=values.whole(), default=operate.DEFAULT_ENQUEUE_BATCH)
     _job_options(sub)
 
     sub = _add(
@@ -148,9 +191,14 @@ def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     sub.add_argument("queue")
     sub.add_argument("--shell", action="store_true", help="run the words with /bin/sh -c")
-    sub.add_argument("--timeout", metavar="SECONDS", help="kill it after this long")
-    sub.add_argument("--env", action="append", metavar="NAME=VALUE")
-    sub.add_argument("--cwd", metavar="DIR")
+    sub.add_argument(
+        "--timeout",
+        type=values.duration(above_zero=True),
+        metavar="SECONDS",
+        help="kill it after this long",
+    )
+    sub.add_argument("--env", action="append", type=values.utf8_text, metavar="NAME=VALUE")
+    sub.add_argument("--cwd", type=values.utf8_text, metavar="DIR")
     _job_options(sub)
 
     dead = _group(commands, common, "dead", "dead letters")
@@ -169,17 +217,33 @@ def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
     kept = _group(commands, common, "results", "task results kept beside the queue")
     sub = _add(kept, common, "purge", results.cmd_results_purge, "delete expired results")
-    sub.add_argument("--older-than", metavar="AGE", help="also those stored before (7d, 12h)")
+    sub.add_argument(
+        "--older-than",
+        type=values.duration(),
+        metavar="AGE",
+        help="also those stored before (7d, 12h)",
+    )
     sub.add_argument("--prefix", default="results/", help="where they are (results/)")
 
     from objq_broker.cli import gc
 
     sub = _add(commands, common, "gc", gc.cmd_gc, "delete objects no state refers to")
     sub.add_argument(
-        "--older-than", metavar="AGE", help="only those written longer ago (1h; less asks first)"
+        "--older-than",
+        type=values.duration(),
+        metavar="AGE",
+        help="only those written longer ago (1h; less asks first)",
     )
     sub.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
 
+    sub = _add(commands, common, "budget", fleet.cmd_budget, "show or set the write budget")
+    sub.add_argument(
+        "writes_per_second",
+        nargs="?",
+        type=values.rate,
+        metavar="WRITES_PER_SECOND",
+        help="at most this many state writes per second for the namespace; off: no limit",
+    )
     sub = _add(commands, common, "purge", operate.cmd_purge, "delete ready and delayed jobs")
     sub.add_argument("queue")
     queues = _group(commands, common, "queue", "queues themselves")
@@ -191,7 +255,10 @@ def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     sub = _add(commands, common, "declare", operate.cmd_declare, "declare a queue")
     sub.add_argument("queue")
     for name in operate.SETTINGS:
-        sub.add_argument(f"--{name}", metavar="VALUE")
+        if name in values.DURATION_SETTINGS:
+            sub.add_argument(f"--{name}", type=values.duration(above_zero=True), metavar="VALUE")
+        else:  # max-attempts: the queue API's refusal names it, as for `config set`
+            sub.add_argument(f"--{name}", metavar="VALUE")
 
 
 def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -199,9 +266,20 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
     sub = _add(commands, common, "worker", operate.cmd_worker, "run command jobs")
     sub.add_argument("--queue", required=True)
-    sub.add_argument("--count", type=_positive, default=1, help="commands run at once (1)")
-    sub.add_argument("--prefetch", type=int, help="jobs claimed ahead (default: --count)")
-    sub.add_argument("--timeout", metavar="SECONDS", help="for jobs that set none")
+    sub.add_argument(
+        "--count", type=values.whole(1, MAX_THREADS), default=1, help="commands run at once (1)"
+    )
+    sub.add_argument(
+        "--prefetch",
+        type=values.whole(0, MAX_CLAIM - MAX_THREADS),  # one claim asks for --count + --prefetch
+        help="jobs claimed ahead (default: --count)",
+    )
+    sub.add_argument(
+        "--timeout",
+        type=values.duration(above_zero=True),
+        metavar="SECONDS",
+        help="for jobs that set none",
+    )
     sub.add_argument("--burst", action="store_true", help="exit once the queue is empty")
     sub.add_argument(
         "--declare", action="store_true", help="declare the queue if missing (else: an error)"
@@ -211,6 +289,20 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         type=exporter.listen_address,
         metavar="HOST:PORT",
         help="serve this worker's Prometheus metrics at http://HOST:PORT/metrics",
+    )
+    sub.add_argument(
+        "--stop-grace",
+        type=values.duration(),
+        metavar="SECONDS",
+        help="after SIGTERM, how long running commands may go on before they are killed and "
+        "their jobs given back (25s)",
+    )
+    sub.add_argument(
+        "--allow-env",
+        action="append",
+        metavar="NAME",
+        help="let jobs set NAME in their env although it changes what runs (PATH, LD_*, "
+        "PYTHONPATH, ...); repeatable",
     )
 
     sub = _add(
@@ -228,7 +320,7 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     sub.add_argument(
         "--takeover-seconds",
-        type=float,
+        type=functools.partial(values.seconds, above_zero=True),
         default=None,
         help="how long the broker may be unreachable before a standby takes over (5)",
     )
@@ -268,26 +360,33 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     # The demo's own --url help: it defaults to ./objq-data, never to $OBJQ_URL.
     demo_common = _common(DEMO_URL_HELP)
     sub = _add(commands, demo_common, "demo", demo.cmd_demo, "a few thousand jobs, start to end")
-    sub.add_argument("--jobs", type=_positive, default=demo.DEFAULT_JOBS)
-    sub.add_argument("--workers", type=_positive, default=demo.DEFAULT_WORKERS)
+    sub.add_argument("--jobs", type=values.whole(1, MAX_DEMO_JOBS), default=demo.DEFAULT_JOBS)
+    sub.add_argument("--workers", type=values.whole(1, MAX_THREADS), default=demo.DEFAULT_WORKERS)
     _add(commands, common, "report", _missing, "reports over the archive (objq-broker[spark])")
 
 
 def _job_options(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--priority", type=int, default=0, help="lower runs first (0)")
-    sub.add_argument("--delay", metavar="SECONDS", help="run no earlier than this (30s, 2h)")
-    sub.add_argument("--max-attempts", type=_positive)
-    sub.add_argument("--key", help="idempotency key")
+    sub.add_argument(
+        "--priority", type=values.whole(*PRIORITY_RANGE), default=0, help="lower runs first (0)"
+    )
+    sub.add_argument(
+        "--delay",
+        type=values.duration(),
+        metavar="SECONDS",
+        help="run no earlier than this (30s, 2h)",
+    )
+    sub.add_argument("--max-attempts", type=values.whole(1, MAX_ATTEMPTS))
+    sub.add_argument("--key", type=values.utf8_text, help="idempotency key")
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, found {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 1 or more, found {value}")
-    return value
+# --- option values, checked as they are parsed ------------------------------------------------
+
+#: Commands one ``objq worker`` runs at once, and ``objq demo`` worker threads, at most: each
+#: is a thread (more workers scale further).
+MAX_THREADS = 1024
+#: Most jobs ``objq demo`` enqueues: they all live in one state object (100,000 job records
+#: are about 28 MB of JSON, rewritten by every commit).
+MAX_DEMO_JOBS = 100_000
 
 
 def _missing(*args: Any) -> int:  # groups always have a required action

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from objq_broker.cli.output import printable
 from objq_broker.model.records import Job
 
 
@@ -42,8 +43,9 @@ def payload_fields(job: Job) -> dict[str, Any]:
 
 
 def payload_preview(job: Job, width: int = 40) -> str:
+    """The start of the payload on one line, escaped for a terminal (see ``printable``)."""
     if job.ref is not None and not job.body:
-        return f"<{job.ref}>"
+        return printable(f"<{job.ref}>")
     text = job.body if not job.b64 else f"<{len(base64.b64decode(job.body))} bytes>"
-    text = text.replace("\n", " ")
+    text = printable(text.replace("\n", " "))
     return text if len(text) <= width else text[: width - 1] + "…"

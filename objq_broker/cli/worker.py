@@ -7,32 +7,38 @@ operation every third of the lease, so a long command is never handed to another
 this one lives, and a killed worker's jobs run again once their leases expire. A waiting job
 whose lease was lost anyway (storage out of reach for a whole lease) is not started here.
 
-Exit code 0 acks the job; anything else nacks it with the tail of its stderr as the error, and
-the queue retries it after its exponential backoff or dead-letters it once its attempts are
-spent. A payload that is not a command job is dead-lettered at once (no retry can fix it).
+Exit code 0 acks the job; anything else nacks it with the tail of its stderr as the error
+(secrets redacted, see :mod:`objq_broker.cli.redact`), and the queue retries it after its
+exponential backoff or dead-letters it once its attempts are spent. A payload that is not a
+command job, or whose env sets a variable the worker does not allow
+(:func:`~objq_broker.cli.cmdjob.check_env`), is dead-lettered at once (no retry can fix it).
 
 SIGTERM or SIGINT: claim nothing more, give back the waiting jobs (no attempt counted), let the
-running commands finish and settle them, then exit 0. A second signal kills the running
-commands' process groups and nacks them.
+running commands finish within the stop grace, kill and give back those that do not, then exit
+0. Stopping is bounded even when storage does not answer: :mod:`objq_broker.cli.stopping`.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import signal
+import os
 import sys
 import threading
 import time
 from collections.abc import Set
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any
 
 from objq_broker.cli import cmdjob
-from objq_broker.cli.output import print_json
+from objq_broker.cli.context import Context
+from objq_broker.cli.inspect import parse_duration
+from objq_broker.cli.output import EscapingFormatter, UsageError, print_json, printable
+from objq_broker.cli.redact import Redactor
+from objq_broker.cli.stopping import DEFAULT_GRACE_SECONDS, Shutdown
 from objq_broker.consume import LeaseKeeper, interval_for
 from objq_broker.errors import ConfigurationError, LeaseLost, ObjqError
+from objq_broker.ops import default_owner
 from objq_broker.queue import Delivery, Queue
 
 log = logging.getLogger("objq_broker.worker")
@@ -67,6 +73,12 @@ class CommandWorker:
     default_timeout: float | None = None
     burst: bool = False
     json: bool = False
+    #: Loader variables (``PATH``, ``LD_PRELOAD``, ...) that jobs may set all the same.
+    allowed_env: frozenset[str] = frozenset()
+    #: Stop requests and the running commands' process groups.
+    shutdown: Shutdown = field(default_factory=Shutdown)
+    #: What takes secrets out of stored errors: built from this process's environment.
+    redactor: Redactor = field(default_factory=lambda: Redactor(os.environ))
     tally: Tally = field(default_factory=Tally)
 
     def __post_init__(self) -> None:
@@ -74,26 +86,13 @@ class CommandWorker:
         self._waiting: collections.deque[Delivery] = collections.deque()
         self._running: dict[str, Delivery] = {}
         self._lost: set[str] = set()  # lease tokens of running jobs whose leases were lost
-        self._stopping = threading.Event()
-        self._abort = threading.Event()
+        self._stopping = self.shutdown.stopping
         self._claiming_done = False
         self._lease_seconds = self.queue.config(self.queue_name).lease_seconds
 
-    # --- signals ---------------------------------------------------------------------------
-
-    def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # `objq worker &` in a script
-            signal.signal(signal.SIGINT, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # No lock here: the main thread may hold it. Every wait below has a short timeout.
-        if self._stopping.is_set():
-            self._abort.set()
-        self._stopping.set()
-
     def stop(self) -> None:
-        self._on_signal(signal.SIGTERM, None)
+        """Claim nothing more; finish what runs (as the first SIGTERM does)."""
+        self._stopping.set()
 
     # --- main loop -------------------------------------------------------------------------
 
@@ -187,24 +186,35 @@ class CommandWorker:
 
     def _process(self, delivery: Delivery) -> None:
         try:
-            job = cmdjob.decode(delivery.payload)
+            job = cmdjob.check_env(cmdjob.decode(delivery.payload), self.allowed_env)
         except ConfigurationError as exc:
             self._settle(delivery, cmdjob.Outcome(None, 0.0, str(exc)), retry=False)
             return
         self._event({"event": "started", "id": delivery.id, "attempt": delivery.job.attempts})
         stdout = sys.stderr.fileno() if self.json else None  # keep --json output parseable
         outcome = cmdjob.run(
-            job, default_timeout=self.default_timeout, stdout=stdout, abort=self._abort
+            job,
+            default_timeout=self.default_timeout,
+            stdout=stdout,
+            abort=self.shutdown.abort,
+            redactor=self.redactor,
+            groups=self.shutdown.commands,
         )
         self._settle(delivery, outcome, retry=True)
 
     def _settle(self, delivery: Delivery, outcome: cmdjob.Outcome, *, retry: bool) -> None:
+        # Whatever the error quotes goes to the state and the archive: no secrets, bounded.
+        error = None if outcome.error is None else self.redactor.stored(outcome.error)
+        result: str
         try:
             if outcome.ok:
                 self.queue.ack(delivery)
                 result = "done"
+            elif outcome.stopped:  # killed by the worker's stop: given back, no attempt counted
+                [held] = self.queue.release([delivery]) or [True]
+                result = "released" if held else "lost"
             else:
-                result = self.queue.nack(delivery, error=outcome.error, retry=retry) or "retry"
+                result = self.queue.nack(delivery, error=error, retry=retry) or "retry"
         except LeaseLost as exc:
             result = "lost"
             log.warning("job %s: %s", delivery.id, exc)
@@ -218,7 +228,7 @@ class CommandWorker:
                 "outcome": result,
                 "exit_code": outcome.exit_code,
                 "seconds": round(outcome.seconds, 3),
-                "error": outcome.error,
+                "error": error,
             }
         )
 
@@ -257,5 +267,79 @@ class CommandWorker:
             message = f"job {event['id']} attempt {event['attempt']}: started"
         else:
             message = f"gave back {len(event['ids'])} prefetched jobs"
-        sys.stderr.write(f"objq worker: {message}\n")  # one write: runners print at once
+        # One write (runners print at once), escaped: ids and errors come from the store.
+        sys.stderr.write(f"objq worker: {printable(message)}\n")
         sys.stderr.flush()
+
+
+# --- the command -------------------------------------------------------------------------------
+
+
+def cmd_worker(ctx: Context) -> int:
+    """``objq worker``: options are checked here, before anything is read; the worker itself
+    runs under a :class:`Shutdown` that keeps it stoppable."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(EscapingFormatter("objq worker: %(message)s"))
+    logging.basicConfig(handlers=[handler], level=logging.WARNING)
+    a = ctx.args
+    timeout = None if a.timeout is None else parse_duration(a.timeout)
+    grace = DEFAULT_GRACE_SECONDS if a.stop_grace is None else parse_duration(a.stop_grace)
+    if (a.prefetch is not None and a.prefetch < 0) or timeout == 0 or grace < 0:
+        raise UsageError(
+            f"worker: expected --prefetch >= 0, --timeout > 0 and --stop-grace >= 0, found "
+            f"{a.prefetch}, {a.timeout} and {a.stop_grace}"
+        )
+    allowed = frozenset(a.allow_env or ())
+    for name in allowed:
+        if not name or "=" in name:
+            raise UsageError(f"--allow-env: expected a variable name, found {name!r}")
+    shutdown = Shutdown(grace_seconds=grace)
+    shutdown.install()  # before the first read: a store that never answers must not hold it
+    return shutdown.run(lambda: _serve(ctx, shutdown, timeout, allowed))
+
+
+def _serve(ctx: Context, shutdown: Shutdown, timeout: float | None, allowed: frozenset[str]) -> int:
+    a = ctx.args
+    try:
+        # A worker may well start before the first job is enqueued: it creates a missing
+        # directory as Dramatiq and Celery workers on the same URL do. It does not create its
+        # queue unless asked (--declare): a mistyped name must fail, not wait for ever.
+        ctx.snapshot(create=True)
+        queue = ctx.queue(create=True, serves=True, owner=default_owner("objq-worker"))
+        if a.declare:
+            queue.declare(a.queue)
+        worker = CommandWorker(
+            queue,
+            a.queue,
+            count=a.count,
+            prefetch=a.count if a.prefetch is None else a.prefetch,
+            default_timeout=timeout,
+            burst=a.burst,
+            json=ctx.json,
+            allowed_env=allowed,
+            shutdown=shutdown,
+        )
+        tally = _run_with_metrics(ctx, worker)
+    finally:
+        ctx.close()  # here, under the shutdown's deadlines: closing flushes to storage
+    ctx.emit({"event": "stopped", **tally.as_dict()}, "")
+    if not ctx.json:
+        print(
+            "objq worker: stopped; " + ", ".join(f"{k} {v}" for k, v in tally.as_dict().items()),
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _run_with_metrics(ctx: Context, worker: CommandWorker) -> Tally:
+    if ctx.args.metrics_listen is None:
+        return worker.run()
+    from objq_broker.cli.exporter import metrics_module, serve_metrics
+
+    registry = metrics_module("objq worker --metrics-listen").worker_registry(worker.queue)
+    server = serve_metrics(registry, ctx.args.metrics_listen, "--metrics-listen")
+    ctx.emit({"event": "metrics", "metrics": server.url}, f"objq worker: metrics at {server.url}")
+    try:
+        return worker.run()
+    finally:
+        server.stop()

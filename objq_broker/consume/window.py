@@ -305,6 +305,18 @@ class ClaimWindow:
         if starved:
             self._taken_at = time.monotonic()
         self._idle = not found
+        if (
+            self._cache
+            and found
+            and min(d.job.priority for d in found) < max(d.job.priority for d in self._cache)
+        ):
+            # A claim returns its jobs best first; one that landed later may hold better jobs
+            # than those still cached (a high-priority message sent after a low one was
+            # claimed ahead): hand those out first, as the queue itself would have.
+            self._cache = collections.deque(
+                sorted([*self._cache, *found], key=lambda d: d.job.priority)
+            )
+            return
         self._cache.extend(found)
 
     def _hoard(self, room: int | None) -> list[Delivery]:

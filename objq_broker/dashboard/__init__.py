@@ -2,11 +2,12 @@
 ``pip install 'objq-broker[dashboard]'``).
 
 Pages of the queues (live depth and rate charts), a queue's jobs by state (paged), one job
-(its payload, and a Dramatiq or Celery message decoded), dead letters, the archive of finished
-jobs, and the elected broker; ``/metrics`` serves the Prometheus families of
-:class:`~objq_broker.metrics.StoreCollector`. Every page reads the store through the read-only
-snapshot that ``objq status`` reads. Retrying and purging dead letters go through
-:class:`~objq_broker.Queue`, and only with a token (see :mod:`~objq_broker.dashboard.security`).
+(its payload, and a Dramatiq or Celery message decoded), the workers that hold jobs, dead
+letters, the archive of finished jobs, and the elected broker; ``/metrics`` serves the
+Prometheus families of :class:`~objq_broker.metrics.StoreCollector`. Every page reads the
+store through the read-only snapshot that ``objq status`` reads. Retrying and purging dead
+letters go through :class:`~objq_broker.Queue`, and only with a token (see
+:mod:`~objq_broker.dashboard.security`).
 
 The modules: :mod:`~objq_broker.dashboard.app` (the Starlette application),
 :mod:`~objq_broker.dashboard.pages` and :mod:`~objq_broker.dashboard.actions` (its routes),

@@ -4,7 +4,7 @@ headers every page gets.
 >>> from objq_broker.storage import MemoryStore
 >>> app = create_app(MemoryStore("doc-dashboard"))
 >>> sorted({route.path for route in app.routes})[:3]
-['/', '/api/overview', '/archive']
+['/', '/api/overview', '/api/workers']
 """
 
 from __future__ import annotations

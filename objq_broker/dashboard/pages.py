@@ -20,6 +20,7 @@ from objq_broker.dashboard.reading import (
     read_job,
     read_overview,
     read_queue_page,
+    read_workers,
     search_archive,
 )
 from objq_broker.dashboard.security import safe_next
@@ -27,6 +28,7 @@ from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ConfigurationError, JobNotFound, ObjqError, QueueNotFound
 from objq_broker.model.durations import parse_time
 from objq_broker.model.records import JobState
+from objq_broker.model.workers import GONE_SECONDS
 
 if TYPE_CHECKING:
     from objq_broker.dashboard.app import Dashboard
@@ -43,6 +45,8 @@ def routes() -> list[Route]:
     return [
         Route("/", overview, methods=["GET"]),
         Route("/api/overview", overview_json, methods=["GET"]),
+        Route("/workers", workers_page, methods=["GET"]),
+        Route("/api/workers", workers_json, methods=["GET"]),
         Route("/queues/{queue}", queue_page, methods=["GET"]),
         Route("/jobs/{job_id}", job_page, methods=["GET"]),
         Route("/dead", dead_page, methods=["GET"]),
@@ -63,6 +67,19 @@ async def overview(request: Request) -> Response:
 async def overview_json(request: Request) -> Response:
     """The overview's numbers, which the overview page asks for every few seconds."""
     view = await run_in_threadpool(read_overview, dashboard_of(request).store)
+    return JSONResponse(view.as_json())
+
+
+async def workers_page(request: Request) -> Response:
+    dashboard = dashboard_of(request)
+    view = await run_in_threadpool(read_workers, dashboard.store)
+    context = {"view": view, "gone_seconds": GONE_SECONDS}
+    return dashboard.render(request, "workers.html", context)
+
+
+async def workers_json(request: Request) -> Response:
+    """The workers page's rows, as ``objq workers --json`` gives them."""
+    view = await run_in_threadpool(read_workers, dashboard_of(request).store)
     return JSONResponse(view.as_json())
 
 

@@ -1,4 +1,4 @@
-"""What the dashboard's pages show, read the way ``objq status`` reads.
+"""What the dashboard's pages show, read the way ``objq status`` and ``objq workers`` read.
 
 Every page reads the store through the read-only
 :class:`~objq_broker.engine.snapshot.Snapshot` (the state object read once, plus the runs a
@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from objq_broker.dashboard.decode import (
     DecodedMessage,
     ShownPayload,
@@ -24,6 +26,7 @@ from objq_broker.engine.archive import archive_keys, read_archive
 from objq_broker.engine.snapshot import ACTIVE_CLIENT_SECONDS, Snapshot
 from objq_broker.errors import QueueNotFound
 from objq_broker.model.records import BrokerRecord, Job, JobState
+from objq_broker.model.workers import Worker, WorkerStatus
 from objq_broker.storage import ObjectStore
 
 #: The states of a queue page, in the order of its tabs.
@@ -152,6 +155,41 @@ def _broker(snap: Snapshot) -> BrokerView | None:
         snap.broker_clients(ACTIVE_CLIENT_SECONDS),
         snap.broker_sessions()[:MAX_SESSIONS_SHOWN],
     )
+
+
+# --- who is working -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkersView:
+    """The lease holders at one moment (:mod:`objq_broker.model.workers`): those at work,
+    then those gone lately, each by owner name."""
+
+    url: str
+    read_at: float
+    workers: list[Worker]
+
+    def count(self, status: WorkerStatus) -> int:
+        return sum(1 for w in self.workers if w.status == status)
+
+    def since(self, at: float | None) -> float | None:
+        """Seconds from ``at`` to the read; never negative (another host's clock may run a
+        little ahead of this one)."""
+        return None if at is None else max(self.read_at - at, 0.0)
+
+    def as_json(self) -> dict[str, Any]:
+        """The rows of ``objq workers --json`` (every field, Unix seconds), and the time of
+        the read they are as of."""
+        return {
+            "url": self.url,
+            "read_at": self.read_at,
+            "workers": [msgspec.structs.asdict(w) for w in self.workers],
+        }
+
+
+def read_workers(store: ObjectStore) -> WorkersView:
+    snap = Snapshot.read(store)
+    return WorkersView(store.url, snap.read_at, snap.workers())
 
 
 # --- a queue's jobs ------------------------------------------------------------------------

@@ -52,17 +52,28 @@ def key_hour(key: str) -> datetime:
         ) from exc
 
 
+#: Up to this many days, an archive range is listed day by day; beyond, all at once.
+DAYS_LISTED_ONE_BY_ONE = 31
+
+
 def archive_keys(
     store: ObjectStore, since: float | None = None, until: float | None = None
 ) -> list[str]:
     """Keys of the archive objects that may hold jobs finished in ``[since, until)``, oldest
-    hour first. Without bounds, the whole archive. Lists one prefix per day in range."""
+    hour first. Without bounds, the whole archive. Lists one prefix per day in a range of up to
+    :data:`DAYS_LISTED_ONE_BY_ONE` days (a LIST each), and the whole archive once beyond."""
     if since is None and until is None:
         return sorted(_archive_objects(store, ARCHIVE_PREFIX))
-    end = datetime.now(UTC) + COMMIT_SLACK if until is None else _floor_hour(until) + COMMIT_SLACK
-    if since is None:
-        return sorted(k for k in _archive_objects(store, ARCHIVE_PREFIX) if key_hour(k) <= end)
-    start = _floor_hour(since)
+    # Nothing is archived later than now: a range reaching into the future ends here.
+    latest = datetime.now(UTC) + COMMIT_SLACK
+    end = latest if until is None else min(_floor_hour(until) + COMMIT_SLACK, latest)
+    start = None if since is None else _floor_hour(since)
+    if start is None or (end - start).days > DAYS_LISTED_ONE_BY_ONE:
+        return sorted(
+            key
+            for key in _archive_objects(store, ARCHIVE_PREFIX)
+            if (start is None or start <= key_hour(key)) and key_hour(key) <= end
+        )
     keys: list[str] = []
     day = start.replace(hour=0)
     while day <= end:

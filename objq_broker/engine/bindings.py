@@ -21,6 +21,7 @@ import msgspec
 
 from objq_broker.errors import ConfigurationError, PreconditionFailed, StorageError
 from objq_broker.model.backoff import backoff_seconds
+from objq_broker.model.checks import UNDECODABLE
 from objq_broker.storage import ObjectStore
 
 #: Where exchange objects live under the store's prefix.
@@ -59,7 +60,7 @@ def read_exchange(store: ObjectStore, exchange: str) -> tuple[ExchangeRecord | N
         return None, None
     try:
         record = _decoder.decode(blob.data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except UNDECODABLE as exc:
         raise ConfigurationError(
             f"{store.url}, key {key}: expected a kombu exchange record "
             f'({{"type": ..., "bindings": [...]}}), found {blob.data[:80]!r} ({exc})'

@@ -11,8 +11,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import msgspec
 
-from objq_broker.errors import ObjectNotFound, StateCorrupt
+from objq_broker.errors import ObjectNotFound, ObjqError, StateCorrupt
 from objq_broker.model.bodies import BodyEntry, decode_bodies, split_ref
+from objq_broker.model.checks import UNDECODABLE
 from objq_broker.model.records import Job
 from objq_broker.storage.base import ObjectStore
 
@@ -64,13 +65,22 @@ class BodyCache:
             if found is not None:
                 self._bytes -= found[1]
 
-    def fill(self, job: Job, *, inline: bool = False) -> Job:
+    def fill(self, job: Job, *, inline: bool = False, lenient: bool = False) -> Job:
         """``job`` with its payload in place when the state keeps it out of line (``job``
         itself otherwise). ``inline`` also drops the reference, for a record that must stand
-        on its own (the archive). A missing bodies object raises :class:`StateCorrupt`."""
+        on its own (the archive). A missing or unreadable bodies object raises
+        :class:`StateCorrupt`; ``lenient`` (for listings: one bad job must not hide the
+        others) returns ``job`` as it is then, its body empty and its ``ref`` telling where
+        the payload should have been."""
         if job.ref is None or job.body:
             return job
-        body, b64 = self.load(job.ref)
+        try:
+            body, b64 = self.load(job.ref)
+        except ObjqError as exc:
+            if not lenient:
+                raise
+            log.warning("job %s listed without its payload: %s", job.id, exc)
+            return job
         if inline:
             return msgspec.structs.replace(job, body=body, b64=b64, ref=None)
         return msgspec.structs.replace(job, body=body, b64=b64)
@@ -97,7 +107,7 @@ class BodyCache:
             ) from exc
         try:
             entries = decode_bodies(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except UNDECODABLE as exc:
             raise StateCorrupt(f"{self.store.url}/{key}: not a bodies object ({exc})") from exc
         self.remember(key, entries)
         return entries

@@ -41,12 +41,15 @@ from typing import Any, TypeVar
 from objq_broker.engine.archive import archive_key
 from objq_broker.engine.bindings import unbind_queues
 from objq_broker.engine.bodies import BodyCache
+from objq_broker.engine.budget import budget_wait
 from objq_broker.engine.garbage import (
     DEFAULT_GC_INTERVAL_SECONDS,
     DEFAULT_OLDER_THAN_SECONDS,
     Sweeper,
 )
+from objq_broker.engine.guard import StateGuard
 from objq_broker.engine.janitor import Janitor
+from objq_broker.engine.options import EngineLimits, check_engine_settings
 from objq_broker.engine.runs import MERGE_AT, MergeReads, read_runs
 from objq_broker.engine.timings import Durations
 from objq_broker.errors import (
@@ -59,16 +62,27 @@ from objq_broker.errors import (
     QueueError,
     StateCorrupt,
     StorageError,
+    StorageUnavailable,
     WriterFenced,
 )
 from objq_broker.model.backoff import backoff_seconds
 from objq_broker.model.bodies import bodies_key, encode_bodies
-from objq_broker.model.ops import Claim, Nothing, Op, Session, runs_needed
+from objq_broker.model.ops import (
+    Claim,
+    Nothing,
+    Op,
+    Read,
+    Session,
+    SetWriteBudget,
+    runs_needed,
+)
 from objq_broker.model.records import (
+    DEFAULT_MAX_STATE_BYTES,
     RECENT_COMMITS,
     ArchiveRecord,
     Job,
     KeyRecord,
+    check_encoded,
     decode_state,
     encode_archive,
 )
@@ -118,8 +132,9 @@ DEFAULT_INLINE_STATE_BYTES = 64 * 1024
 #: How often an engine whose namespace has runs lists them to delete orphans (one LIST
 #: request per thousand runs on S3 or GCS).
 RUN_SWEEP_SECONDS = 600.0
-#: Errors that no retry can fix: fail the batch at once.
-_FATAL = (StateCorrupt, AccessDenied, BucketNotFound, WriterFenced)
+#: Errors that no retry can fix: fail the batch at once (a store's SDK refusing the bucket
+#: name or endpoint is a ``ConfigurationError``).
+_FATAL = (StateCorrupt, AccessDenied, BucketNotFound, WriterFenced, ConfigurationError)
 
 
 @dataclass(frozen=True)
@@ -232,15 +247,18 @@ class Engine:
         gc_interval_seconds: float | None = DEFAULT_GC_INTERVAL_SECONDS,
         gc_older_than_seconds: float = DEFAULT_OLDER_THAN_SECONDS,
         inline_state_bytes: int = DEFAULT_INLINE_STATE_BYTES,
+        max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
     ) -> None:
-        if max_batch_ops < 1 or max_batch_bytes < 1:
-            raise ConfigurationError(
-                f"Engine: max_batch_ops and max_batch_bytes must be >= 1, found "
-                f"{max_batch_ops} and {max_batch_bytes}"
-            )
-        _check_counts(run_jobs=run_jobs, spill_at=spill_at, inline_state_bytes=inline_state_bytes)
-        _check_gc(gc_interval_seconds, gc_older_than_seconds)
+        check_engine_settings(
+            {
+                name: value
+                for name, value in locals().items()
+                if name in EngineLimits.__struct_fields__
+            }
+        )
         self.inline_state_bytes = inline_state_bytes
+        #: A larger state is refused unread (a hostile one would exhaust memory).
+        self.max_state_bytes = max_state_bytes
         self._state_bytes = 0  # size of the state as last read or written
         self._contended_until = 0.0  # monotonic time until which other writers seem active
         self.store = store
@@ -273,6 +291,8 @@ class Engine:
         #: Payload bodies kept out of the state, cached by bodies object.
         self.bodies = bodies if bodies is not None else BodyCache(store)
         self._janitor = Janitor(store)
+        #: Refuses a state that went back or vanished (``engine.guard``).
+        self._guard = StateGuard(store, key)
         self._merge_reads = MergeReads(store, self._janitor, run_jobs)
         #: Collects unreferenced objects now and then (``docs/deploy.md``); None: never.
         self.sweeper = (
@@ -293,6 +313,7 @@ class Engine:
         self._cv = threading.Condition()
         self._closing = False
         self._fenced: WriterFenced | None = None
+        self._broken: QueueError | None = None  # why the writer thread stopped, if it did
         self._consumer = False
         self._thread: threading.Thread | None = None
         self._commit_listeners: list[Callable[[], None]] = []
@@ -321,6 +342,8 @@ class Engine:
         with self._cv:
             if self._fenced is not None:
                 raise self._fenced
+            if self._broken is not None:
+                raise self._broken
             if self._closing:
                 raise QueueClosed(f"the engine for {self.store.url} is closed")
             self._pending.append(_Op(op, future, fresh or latest, latest, op.size, consumer))
@@ -402,11 +425,26 @@ class Engine:
     # --- writer thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            batch = self._next_batch()
-            if batch is None:
-                return
-            self._commit(batch)
+        try:
+            while True:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                self._commit(batch)
+        except BaseException as exc:
+            # Nothing should get here (a commit fails its own batch); if something does, the
+            # writer cannot go on, and no caller may wait for it for ever.
+            self._stop_broken(exc)
+            raise
+
+    def _stop_broken(self, exc: BaseException) -> None:
+        """Fail every pending op, and every later one, with why the writer stopped."""
+        broken = QueueError(f"the writer for {self.store.url} stopped: {type(exc).__name__}: {exc}")
+        broken.__cause__ = exc
+        with self._cv:
+            self._broken = broken
+            pending, self._pending = list(self._pending), deque()
+        self._fail(pending, broken)
 
     def _next_batch(self) -> list[_Op] | None:
         """Wait for work (or an idle tick) and take a batch; None when closed and drained."""
@@ -422,6 +460,7 @@ class Engine:
                     return []
             self._idle_tick = self.idle_tick_seconds
             self._linger()
+            self._keep_to_budget()
             batch: list[_Op] = []
             size = 0
             while self._pending and len(batch) < self.max_batch_ops:
@@ -460,6 +499,25 @@ class Engine:
                 return
             self._cv.wait(remaining)
 
+    def _keep_to_budget(self) -> None:
+        """Under a write budget (``engine.budget``), wait until the namespace may write again
+        before taking a batch that may write (called holding ``_cv``); what is submitted
+        meanwhile joins the batch. Reads and flushes never wait, nor does changing the budget
+        (lifting one of a write a minute must not take a minute)."""
+        state = self._state
+        if state is None or state.doc.write_budget is None:
+            return
+        if all(isinstance(op.op, Read | Nothing) for op in self._pending) or any(
+            isinstance(op.op, SetWriteBudget) for op in self._pending
+        ):
+            return
+        wait = budget_wait(
+            state.doc.write_budget, last_commit=state.doc.committed_at, now=self.clock()
+        )
+        end = time.monotonic() + wait
+        while not self._closing and (remaining := end - time.monotonic()) > 0:
+            self._cv.wait(remaining)
+
     def _commit(self, batch: list[_Op]) -> None:
         started = time.monotonic()
         if any(op.consumer for op in batch):
@@ -485,7 +543,10 @@ class Engine:
             self.metrics.commit_seconds_total += self._last_commit_seconds
             self.metrics.commit_durations.observe(self._last_commit_seconds)
             for listener in self._commit_listeners:
-                listener()
+                try:
+                    listener()
+                except Exception:  # a listener must not stop the writer
+                    log.exception("a commit listener failed")
 
     def _commit_with_retries(self, live: list[_Op], *, fresh: bool, latest: bool) -> None:
         deadline = time.monotonic() + self.commit_deadline_seconds
@@ -494,6 +555,7 @@ class Engine:
         tries = 0
         while True:
             tries += 1
+            started = time.monotonic()
             try:
                 if self._try_commit(live, fresh, latest):
                     return
@@ -505,7 +567,10 @@ class Engine:
                 return
             except (PreconditionFailed, StorageError) as exc:
                 deadline = self._note_failure(exc, deadline)
-                if time.monotonic() >= deadline:
+                # A try as slow as this one (a storage call that timed out) would end past the
+                # deadline: fail now rather than that late. Conflicts are quick to retry.
+                took = 0.0 if isinstance(exc, PreconditionFailed) else time.monotonic() - started
+                if time.monotonic() + took >= deadline:
                     self._fail(live, self._deadline_error(exc, tries))
                     return
                 if isinstance(exc, PreconditionFailed):
@@ -514,6 +579,13 @@ class Engine:
                 else:
                     pause = backoff_seconds(tries, 0.005, 1.0, self._rng.random())
                 time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+            except Exception as exc:
+                # Not an objq error: a bug, or an SDK error objq does not translate. It fails
+                # this batch, which may have been half applied: the next one reads afresh.
+                log.exception("commit on %s failed unexpectedly", self.store.url)
+                self._invalidate()
+                self._fail(live, _unexpected(self.store.url, exc, bool(self._failed_tries)))
+                return
 
     def _note_failure(self, exc: StorageError, deadline: float) -> float:
         """Count a failed try and drop the cache; returns the batch's deadline, restarted when
@@ -585,8 +657,9 @@ class Engine:
         what = (
             "could not confirm whether the last write landed" if self._failed_tries else "gave up"
         )
-        kind = QueueError if isinstance(exc, PreconditionFailed) else StorageError
-        return kind(
+        # Whatever the last try met (a timeout, or a race lost after a slow write), the
+        # storage could not take the commit in time: a transient storage error.
+        return StorageUnavailable(
             f"{self.store.url}: commit {what} after {tries} tries in "
             f"{self.commit_deadline_seconds:g} s; last error: {exc}"
         )
@@ -605,12 +678,17 @@ class Engine:
             self._others_moved = blob is not None and blob.version != self._lost_against
             self._lost_against = None
         if blob is None:
+            self._guard.missing()
             state, version = QueueState(), None
         elif self._state is not None and blob.version == self._version and not force:
             state, version = self._state, self._version  # unchanged since we last saw it
         else:
-            doc = decode_state(blob.data, f"state {self.store.url}/{self.key}")
-            if self.epoch is not None and doc.epoch > self.epoch:
+            doc = decode_state(
+                blob.data, f"state {self.store.url}/{self.key}", self.max_state_bytes
+            )
+            self._guard.read(doc)
+            fenced = self.epoch is not None and doc.epoch > self.epoch
+            if fenced and not self._guard.forged_epoch(doc, self.epoch or 0):
                 raise WriterFenced(
                     f"{self.store.url}/{self.key}: writer epoch {doc.epoch} took over from this "
                     f"writer's epoch {self.epoch}; this writer stops"
@@ -676,6 +754,8 @@ class Engine:
         doc.recent_commits = [*doc.recent_commits, attempt.commit_id][-RECENT_COMMITS:]
         self._write_bodies(state, attempt)
         self._write_runs(state, attempt)
+        data = state.encode()
+        check_encoded(data, f"state {self.store.url}/{self.key}")
         if self.archive and attempt.finished:
             # Archive first: a job leaves the state only once its record is stored.
             content = [(f.outcome, f.job.id) for f in attempt.finished]
@@ -688,12 +768,13 @@ class Engine:
                 self.store.write(key, encode_archive(records), if_absent=True)
                 self._wrote(attempt, key, content)
                 self.metrics.archive_writes += 1
-        data = state.encode()
         self._state_bytes = len(data)
         if self._version is None:
             version = self.store.write(self.key, data, if_absent=True)
+            self._guard.created()
         else:
             version = self.store.write(self.key, data, if_version=self._version)
+        self._guard.wrote(doc)
         self.metrics.state_writes += 1
         self._version = version
         self._synced_at = time.monotonic()
@@ -840,36 +921,10 @@ class Engine:
                 op.future.set_exception(exc)
 
 
-def _check_counts(*, run_jobs: int, spill_at: int | None, inline_state_bytes: int) -> None:
-    """Refuse engine settings that must be whole numbers in range."""
-
-    def whole(value: object) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    if not whole(run_jobs) or run_jobs < 1:
-        raise ConfigurationError(f"Engine: run_jobs must be an integer >= 1, found {run_jobs!r}")
-    if spill_at is not None and (not whole(spill_at) or spill_at < 0):
-        raise ConfigurationError(
-            f"Engine: spill_at must be an integer >= 0 or None (never), found {spill_at!r}"
-        )
-    if not whole(inline_state_bytes) or inline_state_bytes < 0:
-        raise ConfigurationError(
-            "Engine: inline_state_bytes must be an integer >= 0 (0: large payloads always "
-            f"out of line), found {inline_state_bytes!r}"
-        )
-
-
-def _check_gc(interval: float | None, older_than: float) -> None:
-    """Refuse garbage-collection settings that are not a positive interval (or None) and an
-    age of zero or more."""
-    if interval is not None and (
-        isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0
-    ):
-        raise ConfigurationError(
-            f"Engine: gc_interval_seconds must be a number of seconds > 0, or None (never), "
-            f"found {interval!r}"
-        )
-    if isinstance(older_than, bool) or not isinstance(older_than, int | float) or older_than < 0:
-        raise ConfigurationError(
-            f"Engine: gc_older_than_seconds must be a number of seconds >= 0, found {older_than!r}"
-        )
+def _unexpected(url: str, exc: Exception, unsure: bool) -> QueueError:
+    """The error a batch fails with when its commit raised something objq does not expect;
+    ``unsure``: an earlier try's write failed and may yet have landed."""
+    landed = "; an earlier write of it may have landed" if unsure else ""
+    error = QueueError(f"{url}: commit failed: {type(exc).__name__}: {exc}{landed}")
+    error.__cause__ = exc
+    return error

@@ -47,6 +47,7 @@ import msgspec
 from objq_broker.engine.janitor import DELETE_THREADS, Janitor
 from objq_broker.errors import ObjqError, PreconditionFailed, StorageError
 from objq_broker.model.bodies import BODIES_PREFIX
+from objq_broker.model.checks import UNDECODABLE
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs
 from objq_broker.storage.base import ObjectMeta, ObjectStore
 
@@ -299,7 +300,7 @@ class Sweeper:
         if blob is not None:
             try:
                 last = _mark_decoder.decode(blob.data).swept_at
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except UNDECODABLE:
                 last = float("-inf")  # not ours to keep: a valid marker replaces it
             if now - last < self.interval:
                 return False

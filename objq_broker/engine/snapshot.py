@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.commit import STATE_KEY
+from objq_broker.engine.guard import StateGuard
 from objq_broker.engine.runs import read_into, read_runs
 from objq_broker.errors import StorageError
 from objq_broker.model.records import (
@@ -25,6 +26,7 @@ from objq_broker.model.records import (
     decode_state,
 )
 from objq_broker.model.state import QueueState, QueueStats
+from objq_broker.model.workers import Worker
 from objq_broker.storage import ObjectStore
 
 #: How many times a listing reads the state again when runs it refers to were consumed
@@ -61,6 +63,7 @@ class Snapshot:
     def read(cls, store: ObjectStore) -> Snapshot:
         blob = store.read(STATE_KEY)
         if blob is None:
+            StateGuard(store, STATE_KEY).missing()  # a state deleted is not a new namespace
             return cls(store, QueueState(), 0, time.time(), exists=False)
         doc = decode_state(blob.data, f"state {store.url}/{STATE_KEY}")
         return cls(store, QueueState(doc), len(blob.data), time.time(), exists=True)
@@ -75,6 +78,11 @@ class Snapshot:
     @property
     def committed_at(self) -> float | None:
         return self._state.doc.committed_at or None
+
+    @property
+    def write_budget(self) -> float | None:
+        """The namespace's write budget in state writes per second (``engine.budget``)."""
+        return self._state.doc.write_budget
 
     @property
     def broker(self) -> BrokerRecord | None:
@@ -195,9 +203,14 @@ class Snapshot:
         """The dead runs with dead letters left, as (queue, ref)."""
         return self._state.dead_runs_of()
 
+    def workers(self) -> list[Worker]:
+        """The lease holders at work and those gone lately (``model.workers``)."""
+        return self._state.workers(self.read_at)
+
     def fill(self, job: Job) -> Job:
-        """``job`` with its payload, loaded from its bodies object if kept out of line."""
-        return self.bodies.fill(job)
+        """``job`` with its payload, loaded from its bodies object if kept out of line; as
+        it is if that object is missing or unreadable (a listing shows the others)."""
+        return self.bodies.fill(job, lenient=True)
 
 
 def run_rows(

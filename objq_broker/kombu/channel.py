@@ -21,7 +21,7 @@ from objq_broker import ops
 from objq_broker.consume import ClaimWindow
 from objq_broker.errors import ConfigurationError, QueueNotFound
 from objq_broker.kombu.outcomes import JOB_PROPERTY, QUEUE_PROPERTY
-from objq_broker.kombu.settings import TransportSettings
+from objq_broker.kombu.settings import MAX_MILLISECONDS, TransportSettings
 from objq_broker.queue import Delivery, Queue
 
 if TYPE_CHECKING:
@@ -259,6 +259,20 @@ class Channel(virtual.Channel):
             log.info("dropped a message routed to removed queue(s) %s; unbinding them", gone)
             self.connection.exchanges.unbind_queues(gone)
 
+    def _get_message_priority(self, message: dict[str, Any], reverse: bool = False) -> int:
+        """kombu's reading of a message's priority: a number clamped into 0-9 (``300`` is 9,
+        ``-3`` is 0, ``1.5`` is 1, ``True`` is 1), the default (0) when it is missing or not a
+        number (``None``, ``"high"``, NaN), as kombu's Redis, MongoDB and ZooKeeper transports
+        read it. kombu's own raises ``OverflowError`` on an infinite one; here it is clamped
+        like any other."""
+        try:
+            priority: int = super()._get_message_priority(message, reverse)
+        except OverflowError:
+            infinite = message["properties"]["priority"]
+            clamped = self.max_priority if infinite > 0 else self.min_priority
+            priority = self.max_priority - clamped if reverse else clamped
+        return priority
+
     # --- consuming -------------------------------------------------------------------------
 
     def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
@@ -471,10 +485,11 @@ def _expires_seconds(queue: str, arguments: Any) -> float | None:
     raw = (arguments or {}).get("x-expires")
     if raw is None:
         return None
-    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw <= 0:
+    number = isinstance(raw, int | float) and not isinstance(raw, bool)
+    if not number or not 0 < raw <= MAX_MILLISECONDS:  # NaN compares false: refused too
         raise ConfigurationError(
             f"queue {queue!r}: expected x-expires as a positive number of milliseconds, "
-            f"found {raw!r}"
+            f"at most {MAX_MILLISECONDS:.0f} (about a century), found {raw!r}"
         )
     return float(raw) / 1000.0
 

@@ -1,7 +1,9 @@
 """The kombu transport's settings: the broker URL forms and ``transport_options``.
 
 No kombu import here: the values come in as plain strings and dicts, and every refusal is a
-:class:`~objq_broker.errors.ConfigurationError` that lists what is accepted.
+:class:`~objq_broker.errors.ConfigurationError` that lists what is accepted. The numbers are
+refused when the connection is made if a claim or the state would refuse them later (a
+``visibility_timeout`` beyond a century, a ``batch_size`` beyond one claim's limit).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from objq_broker.consume import option_count, option_seconds
 from objq_broker.engine.options import ENGINE_OPTIONS, URL_ENV
-from objq_broker.errors import ConfigurationError
+from objq_broker.errors import ConfigurationError, redacted
 from objq_broker.kombu.routing import DEFAULT_TABLE_TTL_SECONDS
-from objq_broker.storage.base import redacted
+from objq_broker.model.checks import MAX_SECONDS, Attempts, ClaimCount, PositiveSeconds, checked
 
 #: Seconds a delivered message stays leased without a heartbeat: how long a dead consumer's
 #: messages take to come back. Not a limit on task length (live consumers heartbeat).
@@ -34,6 +38,10 @@ DEFAULT_MAX_STALENESS_SECONDS = 0.005
 DEFAULT_BATCH_SIZE = 100
 #: Deliveries (expired leases and requeues) before a message is dead-lettered.
 DEFAULT_MAX_DELIVERIES = 20
+
+#: Longest span of time a message or queue property may give, in milliseconds (AMQP's unit;
+#: objq's bound on any span of time, about a century).
+MAX_MILLISECONDS = MAX_SECONDS * 1000.0
 
 #: Options this transport reads.
 OWN_OPTIONS = frozenset(
@@ -64,6 +72,17 @@ KOMBU_OPTIONS = frozenset(
 ACCEPTED_OPTIONS = OWN_OPTIONS | KOMBU_OPTIONS | (ENGINE_OPTIONS - {"clock", "seed"})
 #: Broker URLs that name no storage (it then comes from ``transport_options["url"]``).
 _BARE = ("", "objq://", "objq:///", "objq:")
+
+
+class _Numbers(msgspec.Struct):
+    """The numeric settings within what a claim and the state accept."""
+
+    visibility_timeout: PositiveSeconds
+    polling_interval: PositiveSeconds
+    heartbeat_interval: PositiveSeconds
+    max_deliveries: Attempts
+    batch_size: ClaimCount
+    bindings_ttl: PositiveSeconds
 
 
 @dataclass(frozen=True)
@@ -116,22 +135,22 @@ class TransportSettings:
             )
         engine = {"max_staleness_seconds": DEFAULT_MAX_STALENESS_SECONDS}
         engine.update((k, v) for k, v in options.items() if k in ENGINE_OPTIONS)
-        return cls(
-            url=url,
-            visibility_timeout=visibility,
-            polling_interval=option_seconds(
+        numbers = {
+            "visibility_timeout": visibility,
+            "polling_interval": option_seconds(
                 options, "polling_interval", DEFAULT_POLLING_INTERVAL_SECONDS, where=where
             ),
-            heartbeat_interval=heartbeat,
-            max_deliveries=option_count(
+            "heartbeat_interval": heartbeat,
+            "max_deliveries": option_count(
                 options, "max_deliveries", DEFAULT_MAX_DELIVERIES, where=where
             ),
-            batch_size=option_count(options, "batch_size", DEFAULT_BATCH_SIZE, where=where),
-            bindings_ttl=option_seconds(
+            "batch_size": option_count(options, "batch_size", DEFAULT_BATCH_SIZE, where=where),
+            "bindings_ttl": option_seconds(
                 options, "bindings_ttl", DEFAULT_TABLE_TTL_SECONDS, where=where
             ),
-            queue_options={**dict(store_options), **engine},
-        )
+        }
+        checks = msgspec.structs.asdict(checked(numbers, _Numbers, where))
+        return cls(url=url, queue_options={**dict(store_options), **engine}, **checks)
 
 
 def _storage_url(hostname: str | None, option: object) -> str:

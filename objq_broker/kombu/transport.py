@@ -18,7 +18,10 @@ Broker URLs: ``objq+<storage URL>`` (``objq+file:///var/lib/objq``, ``objq+s3://
 Mapping onto objq (see ``docs/celery.md``):
 
 * A kombu queue is an objq queue; a message is one job whose payload is the kombu message as
-  JSON. kombu priority 0-9 (higher first, as with AMQP) becomes objq priority ``-priority``.
+  JSON. kombu priority 0-9 (higher first, as with AMQP) becomes objq priority ``-priority``;
+  as on kombu's Redis transport, a priority beyond 0-9 (infinity included) is clamped into it
+  and one that is not a number (``None``, ``"high"``, NaN) is 0. Other properties and
+  headers (Celery's ``eta`` and ``expires``) travel in the payload, never into the state.
 * A delivered, unacked message is a lease. One heartbeat per connection extends the leases of
   every message its channels hold (running, prefetched, or ETA tasks Celery keeps), so
   ``visibility_timeout`` is the time to notice a dead consumer, not a limit on task length.
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 from collections.abc import Set
 from typing import Any
@@ -60,6 +64,7 @@ from objq_broker.kombu.channel import Channel as ObjqChannel
 from objq_broker.kombu.events import LoopBinding
 from objq_broker.kombu.routing import ExchangeTable
 from objq_broker.kombu.settings import TransportSettings
+from objq_broker.ops import default_owner
 from objq_broker.queue import Delivery, Queue
 
 #: The process that imported this module: a Celery worker's main process, or a publisher.
@@ -97,6 +102,7 @@ class _SharedQueues:
         with self._lock:
             queue, users = self._queues.get(key, (None, 0))
             if queue is None or queue.closed:
+                options = {"owner": _owner(), **options}
                 queue, users = Queue(url, broker=_broker_settings(), **options), 0
             self._queues[key] = (queue, users + 1)
             return queue
@@ -280,3 +286,9 @@ class Transport(virtual.Transport):
     def drop(self, tokens: Set[str]) -> None:
         for channel in self._all_channels():
             channel.drop(tokens)
+
+
+def _owner() -> str:
+    """The lease holder's name ``objq workers`` shows: host, process, and Celery when this
+    runs in a Celery worker (kombu is also used on its own)."""
+    return default_owner("celery" if "celery" in sys.modules else "kombu")

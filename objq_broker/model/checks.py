@@ -38,11 +38,14 @@ MAX_CLAIM = 100_000
 #: Most entries one staged bodies object may hold (a Spark partition writes several objects).
 MAX_STAGED_ENTRIES = 1_000_000
 
-_QUEUE_NAME_PATTERN = r"^[^/\x00-\x1f\x7f-\x9f]+$"
+# Lone surrogates (a file name decoded with ``surrogateescape``) are refused: UTF-8 cannot
+# hold them, and a state that cannot be encoded fails every operation of its commit.
+_QUEUE_NAME_PATTERN = r"^[^/\x00-\x1f\x7f-\x9f\ud800-\udfff]+$"
+_TEXT_PATTERN = r"^[^\ud800-\udfff]*$"
 QueueName = Annotated[
     str, Meta(min_length=1, max_length=MAX_QUEUE_NAME, pattern=_QUEUE_NAME_PATTERN)
 ]
-Identifier = Annotated[str, Meta(min_length=1, max_length=MAX_IDENTIFIER)]
+Identifier = Annotated[str, Meta(min_length=1, max_length=MAX_IDENTIFIER, pattern=_TEXT_PATTERN)]
 #: A span of time that must be positive: leases, backoffs, retention.
 PositiveSeconds = Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
 #: A wait of zero or more seconds.
@@ -52,11 +55,22 @@ SignedSeconds = Annotated[float, Meta(ge=-MAX_SECONDS, le=MAX_SECONDS)]
 Attempts = Annotated[int, Meta(ge=1, le=MAX_ATTEMPTS)]
 Priority = Annotated[int, Meta(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])]
 ClaimCount = Annotated[int, Meta(ge=1, le=MAX_CLAIM)]
+#: Most state writes per second a write budget may allow (more is no budget at all).
+MAX_WRITE_RATE = 1000.0
+#: A namespace's write budget: state writes per second, above zero.
+WriteRate = Annotated[float, Meta(gt=0, le=MAX_WRITE_RATE)]
+
+#: What decoding stored or received bytes may raise besides success: msgspec's own errors, and
+#: those that escape it on hostile bytes (an invalid UTF-8 byte in a string decoded to ``Any``
+#: raises ``UnicodeDecodeError``; bad base64, ``binascii.Error``; both are ``ValueError``s) or
+#: on deep nesting. Every decoder of untrusted bytes catches exactly these.
+UNDECODABLE: tuple[type[BaseException], ...] = (msgspec.DecodeError, ValueError, RecursionError)
 
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 #: What a pattern means, for error messages (a regex says little to a user).
 _PATTERNS = {
-    _QUEUE_NAME_PATTERN: f"a queue name (1-{MAX_QUEUE_NAME} printable characters without '/')"
+    _QUEUE_NAME_PATTERN: f"a queue name (1-{MAX_QUEUE_NAME} printable characters without '/')",
+    _TEXT_PATTERN: "text UTF-8 can hold (no lone surrogates)",
 }
 
 
@@ -96,3 +110,13 @@ def _lookup(data: Any, path: str) -> Any:
         except (KeyError, IndexError, TypeError):
             return "(missing)"
     return value
+
+
+class _Wait(msgspec.Struct, frozen=True):
+    timeout: Seconds | None
+
+
+def checked_timeout(timeout: object, where: str) -> float | None:
+    """``timeout`` as a number of seconds (or None: no wait), or :class:`ConfigurationError`:
+    a NaN would make a waiting call never return."""
+    return checked({"timeout": timeout}, _Wait, where).timeout

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from objq_broker.errors import ConfigurationError
+from objq_broker.model.checks import UNDECODABLE
 
 _encoder = msgspec.json.Encoder()
 _LANG = "py"
@@ -141,7 +142,7 @@ def describe(payload: bytes) -> MessageInfo | None:
         return None
     try:
         data = msgspec.json.decode(payload)
-    except msgspec.DecodeError:
+    except UNDECODABLE:
         return None
     if not isinstance(data, dict):
         return None

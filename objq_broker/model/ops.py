@@ -32,6 +32,7 @@ from objq_broker.model.checks import (
     QueueName,
     Seconds,
     SignedSeconds,
+    WriteRate,
 )
 from objq_broker.model.records import (
     SESSION_TTL_SECONDS,
@@ -45,6 +46,7 @@ from objq_broker.model.records import (
     RunRef,
 )
 from objq_broker.model.state import NewJob, QueueState, QueueStats, StagedBodies, StagedRun
+from objq_broker.model.workers import Worker
 
 T = TypeVar("T")
 Held = tuple[str, str]  # (job id, lease token)
@@ -390,6 +392,34 @@ class DeadLetters(Read[list[Job]], frozen=True):
         return state.dead_letters(self.queue)
 
 
+class SetWriteBudget(Op[float | None], frozen=True):
+    """Set (or, with None, lift) the namespace's write budget, in state writes per second."""
+
+    writes_per_second: WriteRate | None
+
+    def apply(self, state: QueueState, now: float) -> float | None:
+        state.doc.write_budget = self.writes_per_second
+        state.dirty = True
+        return self.writes_per_second
+
+    def replay(self, state: QueueState, now: float) -> float | None:
+        return state.doc.write_budget
+
+
+class WriteBudget(Read[float | None], frozen=True):
+    """The namespace's write budget (None: none)."""
+
+    def apply(self, state: QueueState, now: float) -> float | None:
+        return state.doc.write_budget
+
+
+class Workers(Read[list[Worker]], frozen=True):
+    """The lease holders at work and those gone lately."""
+
+    def apply(self, state: QueueState, now: float) -> list[Worker]:
+        return state.workers(now)
+
+
 # --- the elected broker ----------------------------------------------------------------------
 
 
@@ -463,6 +493,9 @@ ANY_OP: Any = (
     | FindJob
     | ListJobs
     | DeadLetters
+    | SetWriteBudget
+    | WriteBudget
+    | Workers
 )
 
 #: What each operation of a session did: its result, or the error that refused it alone.

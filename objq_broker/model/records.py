@@ -13,13 +13,13 @@ ambiguously find out whether it landed.
 from __future__ import annotations
 
 import base64
-import binascii
+import re
 from typing import Literal
 
 import msgspec
 
 from objq_broker.errors import StateCorrupt
-from objq_broker.model.checks import Attempts, PositiveSeconds
+from objq_broker.model.checks import UNDECODABLE, Attempts, PositiveSeconds, WriteRate
 
 #: The state format this code writes while no queue has runs (``docs/segments.md``); a state
 #: with runs is written as format 2, which older releases refuse rather than overwrite. Any
@@ -63,6 +63,8 @@ class Lease(msgspec.Struct, frozen=True):
     token: str
     owner: str
     expires_at: float
+    #: When the holder last claimed or heartbeated it (0: before releases that record it).
+    renewed_at: float = 0.0
 
 
 class Job(msgspec.Struct, omit_defaults=True):
@@ -229,6 +231,12 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: When each queue that expires was last used (claimed from, heartbeated or declared),
     #: kept only for queues with ``expires_seconds``.
     used: dict[str, float] = msgspec.field(default_factory=dict)
+    #: At most this many state writes per second, by every process of the namespace together
+    #: (``engine.budget``); None: as many as the work needs.
+    write_budget: WriteRate | None = None
+    #: Lease holders whose leases ran out, with when the last one did (``model.workers``):
+    #: shown as gone for a while, then dropped.
+    gone: dict[str, float] = msgspec.field(default_factory=dict)
 
     def has_runs(self) -> bool:
         """Whether anything is kept out of the head (the state then needs format 2)."""
@@ -259,11 +267,23 @@ def encode_state(doc: StateDoc) -> bytes:
     return _encoder.encode(doc)
 
 
-def decode_state(data: bytes, where: str) -> StateDoc:
+#: Largest state object decoded unless told otherwise (``max_state_bytes``). The head of a
+#: namespace with runs stays far smaller (``docs/segments.md``); a state past this was most
+#: likely made to exhaust the memory of every process that reads it.
+DEFAULT_MAX_STATE_BYTES = 64 * 1024 * 1024
+
+
+def decode_state(data: bytes, where: str, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> StateDoc:
     """Decode a stored state, or raise :class:`StateCorrupt` saying what was found where."""
+    if len(data) > max_bytes:
+        raise StateCorrupt(
+            f"{where}: expected a state of at most {max_bytes} bytes, found {len(data)} bytes; "
+            "if it is genuine (a namespace without runs holding hundreds of thousands of "
+            "jobs), raise the limit with the max_state_bytes option"
+        )
     try:
         doc = _state_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except UNDECODABLE as exc:
         raise StateCorrupt(_corrupt_message(where, _describe_format(data), str(exc))) from exc
     if doc.format not in READABLE_FORMATS:
         raise StateCorrupt(_corrupt_message(where, f"format {doc.format!r}", "unknown format"))
@@ -272,6 +292,66 @@ def decode_state(data: bytes, where: str) -> StateDoc:
             _corrupt_message(where, f"format {doc.format} with runs", "runs need format 2")
         )
     return doc
+
+
+def check_encoded(data: bytes, where: str) -> None:
+    """Refuse to let a state be written that its own decoder would refuse.
+
+    Every value is checked where it enters (``model.checks``), so this is the last line of
+    defence, and it must not cost a decode per commit. What slips past type checks is a
+    non-finite float: JSON has no way to write one, so msgspec writes ``null``, and the
+    decoder then refuses the field. So the encoded bytes are scanned for a field written as
+    ``null`` that may not be (a quote not escaped by a backslash cannot lie inside a string,
+    so payloads never match); only then is the state decoded, and refused if that fails."""
+    for match in _FIELD_NULL.finditer(data):
+        if match[1].decode() not in _NULLABLE_FIELDS:
+            try:
+                decode_state(data, where, max_bytes=len(data))
+            except StateCorrupt as exc:
+                raise StateCorrupt(
+                    f"{where}: refusing to write a state that could not be read back "
+                    f"(field {match[1].decode()!r} written as null): {exc}"
+                ) from exc
+            return
+
+
+def _nullable_fields() -> frozenset[str]:
+    """The names of the state's fields (at any depth) that may be ``null``."""
+    names: set[str] = set()
+    seen: set[type] = set()
+    pending: list[msgspec.inspect.Type] = list(msgspec.inspect.multi_type_info([StateDoc]))
+    while pending:
+        kind = pending.pop()
+        if isinstance(kind, msgspec.inspect.StructType):
+            if kind.cls in seen:
+                continue
+            seen.add(kind.cls)
+            for field in kind.fields:
+                if _allows_none(field.type):
+                    names.add(field.encode_name)
+                pending.append(field.type)
+        elif isinstance(kind, msgspec.inspect.UnionType):
+            pending.extend(kind.types)
+        elif isinstance(kind, msgspec.inspect.ListType | msgspec.inspect.SetType):
+            pending.append(kind.item_type)
+        elif isinstance(kind, msgspec.inspect.DictType):
+            pending.append(kind.value_type)
+        elif isinstance(kind, msgspec.inspect.TupleType):
+            pending.extend(kind.item_types)
+    return frozenset(names)
+
+
+def _allows_none(kind: msgspec.inspect.Type) -> bool:
+    if isinstance(kind, msgspec.inspect.NoneType):
+        return True
+    return isinstance(kind, msgspec.inspect.UnionType) and any(
+        isinstance(t, msgspec.inspect.NoneType) for t in kind.types
+    )
+
+
+#: A field written as ``null``: its name's opening quote is not escaped, so it is a real key.
+_FIELD_NULL = re.compile(rb'(?<!\\)"([A-Za-z_][A-Za-z0-9_]*)":null')
+_NULLABLE_FIELDS = _nullable_fields()
 
 
 def _corrupt_message(where: str, found: str, detail: str) -> str:
@@ -285,7 +365,7 @@ def _corrupt_message(where: str, found: str, detail: str) -> str:
 def _describe_format(data: bytes) -> str:
     try:
         probe = _format_probe.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except UNDECODABLE:
         return f"{len(data)} bytes that are not a JSON object (starting {data[:40]!r})"
     fmt = probe.get("format")
     if fmt not in READABLE_FORMATS:
@@ -305,6 +385,6 @@ def decode_archive(data: bytes, where: str) -> list[ArchiveRecord]:
             continue
         try:
             records.append(decoder.decode(line))
-        except (msgspec.DecodeError, msgspec.ValidationError, binascii.Error) as exc:
+        except UNDECODABLE as exc:
             raise StateCorrupt(f"{where}, line {number}: not an archive record ({exc})") from exc
     return records

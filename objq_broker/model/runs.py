@@ -21,6 +21,7 @@ from typing import TypeVar
 import msgspec
 
 from objq_broker.errors import StateCorrupt
+from objq_broker.model.checks import UNDECODABLE
 from objq_broker.model.records import Job, KeyRecord, KeyRunRef, OrderKey, RunKind, RunRef
 
 D = TypeVar("D")
@@ -112,7 +113,7 @@ def _decoded(decoder: msgspec.json.Decoder[D], data: bytes, what: str, key: str)
     :class:`StateCorrupt` saying what was expected and what was found."""
     try:
         return decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except UNDECODABLE as exc:
         raise StateCorrupt(
             f"{what} {key}: expected a {what} object of format {RUN_FORMAT}, found "
             f"{len(data)} bytes that do not decode as one ({exc})"

@@ -66,6 +66,7 @@ from objq_broker.model.runs import (
     small_runs,
     take_due,
 )
+from objq_broker.model.workers import Worker, forget_gone, note_gone, workers
 
 #: A queue that expires has its last-used mark written again once the mark is this fraction
 #: of its expiry old: a consumer that polls more often than every half expiry keeps its queue,
@@ -347,6 +348,8 @@ class QueueState:
 
     def _expire_lease(self, job: Job, now: float) -> None:
         self.dirty = True
+        if job.lease is not None:
+            note_gone(self.doc.gone, job.lease.owner, now)
         job.lease = None
         job.visible_at = now
         if job.attempts >= job.max_attempts:
@@ -727,7 +730,7 @@ class QueueState:
                 break
             job.attempts += 1
             job.started_at = now
-            job.lease = Lease(tokens[len(claimed)], owner, now + seconds)
+            job.lease = Lease(tokens[len(claimed)], owner, now + seconds, now)
             job.visible_at = job.lease.expires_at
             self._push_timed(job)
             claimed.append(snapshot(job))
@@ -1066,7 +1069,7 @@ class QueueState:
                 continue
             seconds = lease_seconds or self.doc.queues[job.queue].lease_seconds
             assert job.lease is not None
-            job.lease = Lease(job.lease.token, job.lease.owner, now + seconds)
+            job.lease = Lease(job.lease.token, job.lease.owner, now + seconds, now)
             job.visible_at = job.lease.expires_at
             self._push_timed(job)
             self.touch(job.queue, now)
@@ -1177,6 +1180,8 @@ class QueueState:
             self._promote_runs(queue, now)
         if now >= self._sweep_at:  # every commit calls this: scan retention only when due
             self._sweep(now)
+        if self.doc.gone and forget_gone(self.doc.gone, now):
+            self.dirty = True
         if self.doc.dead_runs:
             self._expire_dead_runs(now)
         return expired
@@ -1301,6 +1306,10 @@ class QueueState:
         dead += sum(ref.remaining for _, ref in self.dead_runs_of(queue))
         age = None if oldest is None else max(now - oldest, 0.0)
         return QueueStats(queue, ready, delayed, in_flight, dead, age)
+
+    def workers(self, now: float) -> list[Worker]:
+        """The lease holders at work and those gone lately (:mod:`objq_broker.model.workers`)."""
+        return workers(self.jobs.values(), self.doc.gone, now)
 
     def find(self, job_id: str, now: float) -> tuple[JobState, Job] | None:
         """A job's state ('ready', 'delayed', 'in-flight' or 'dead') and a copy of it."""

@@ -49,10 +49,9 @@ from celery.result import GroupResult, allow_join_result
 from celery.utils.log import get_logger
 from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
-from objq_broker.errors import ConfigurationError, InvalidKey, StorageUnavailable
+from objq_broker.errors import ConfigurationError, InvalidKey, StorageUnavailable, redacted
 from objq_broker.results.store import DEFAULT_PREFIX, ResultStore
 from objq_broker.storage import open_store
-from objq_broker.storage.base import redacted
 
 __all__ = ["BackendConfigurationError", "BackendSettings", "ObjqBackend", "backend_settings"]
 

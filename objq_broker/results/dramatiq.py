@@ -33,6 +33,7 @@ from dramatiq.results import Missing, ResultBackend, ResultMissing, ResultTimeou
 from dramatiq.results.backend import DEFAULT_TIMEOUT
 
 from objq_broker.errors import ConfigurationError, StateCorrupt
+from objq_broker.model.checks import UNDECODABLE
 from objq_broker.results.store import ResultStore
 from objq_broker.storage import ObjectStore, open_store
 
@@ -323,7 +324,7 @@ class ObjqRateLimiterBackend(RateLimiterBackend):
             return {}
         try:
             counters = _counters_decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except UNDECODABLE as exc:
             raise StateCorrupt(
                 f"{self.records.store.url}/{self.records.key(name)}: expected rate-limit "
                 f"counters ({{key: {{value, expires_at}}}}), found {len(data)} bytes that do not "

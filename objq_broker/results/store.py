@@ -30,6 +30,7 @@ import msgspec
 
 from objq_broker.consume.pacing import Pacer
 from objq_broker.errors import ObjqError, PreconditionFailed, StateCorrupt
+from objq_broker.model.checks import UNDECODABLE
 from objq_broker.storage import ObjectStore
 from objq_broker.storage.base import check_key
 
@@ -212,7 +213,7 @@ class ResultStore:
     def _decode(self, raw: bytes, key: str) -> Record:
         try:
             record = _decoder.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except UNDECODABLE as exc:
             raise StateCorrupt(
                 f"{self.store.url}/{key}: expected a result record of format {RECORD_FORMAT}, "
                 f"found {len(raw)} bytes that do not decode as one ({exc})"

@@ -12,7 +12,10 @@ Tables (option ``table``):
 Filters pushed down (they show as ``PushedFilters`` in ``explain("formatted")``): equality or
 ``IN`` on ``queue``, and comparisons on ``finished_at``. A time range on the archive lists only
 the days it needs and reads only the hours it needs (see :mod:`objq_broker.engine.archive`); pushed
-filters are applied exactly, row by row, so Spark does not evaluate them again.
+filters are applied exactly, row by row, so Spark does not evaluate them again. Pushdown needs
+``spark.sql.python.filterPushdown.enabled`` (which :func:`~objq_broker.spark.source.register`
+sets); where it is off, the reader reads every row and Spark applies the filters itself: the
+same rows, read in full.
 
 Rows are built as Arrow record batches in the executors, which read storage with objq's own
 adapters (no Hadoop connector needed).
@@ -141,6 +144,27 @@ def _seconds(value: object, where: str) -> float:
     raise ConfigurationError(f"{where}: expected a timestamp, found {value!r}")
 
 
+class _OptionalPushdown:
+    """``reader.pushFilters`` as Spark sees it: a pushdown that Spark may skip.
+
+    Spark calls ``pushFilters`` only where ``spark.sql.python.filterPushdown.enabled`` is on.
+    Where it is off, Spark (4.1 to 4.3: ``pyspark/sql/worker/plan_data_source_read.py``)
+    refuses a reader whose ``pushFilters.__func__`` is not the base method, with
+    ``DATA_SOURCE_PUSHDOWN_DISABLED``, in case the reader relies on being given its filters.
+    This one does not: with nothing pushed it reads every row and Spark applies every filter
+    itself. So the method it offers carries the base function as its ``__func__`` (what that
+    check compares), and pushes when called. ``tests/spark/test_pushdown.py`` reads with the
+    setting off: a Spark whose check differs fails there.
+    """
+
+    def __init__(self, reader: ObjqReader) -> None:
+        self.__func__ = DataSourceReader.pushFilters
+        self._reader = reader
+
+    def __call__(self, filters: list[Filter]) -> Iterator[Filter]:
+        return self._reader.push_filters(filters)
+
+
 class ObjqReader(DataSourceReader):
     """Plans partitions on the driver and reads them in the executors."""
 
@@ -158,7 +182,13 @@ class ObjqReader(DataSourceReader):
         self.queues: set[str] | None = None
         self.bounds = TimeBounds()
 
-    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+    @property
+    def pushFilters(self) -> _OptionalPushdown:
+        """Takes the filters this source applies itself; see :class:`_OptionalPushdown`."""
+        return _OptionalPushdown(self)
+
+    def push_filters(self, filters: list[Filter]) -> Iterator[Filter]:
+        """Spark's ``pushFilters``: apply what this source can, yield the rest for Spark."""
         for pushed in filters:
             if not self._take(pushed):
                 yield pushed

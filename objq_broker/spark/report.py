@@ -34,9 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from objq_broker.engine.options import URL_ENV
-from objq_broker.errors import ConfigurationError
+from objq_broker.errors import ConfigurationError, redacted
 from objq_broker.model.durations import parse_time
-from objq_broker.storage.base import redacted
 
 #: Percentiles reported for queue wait and run time.
 PERCENTILES = (0.5, 0.9, 0.99)

@@ -11,6 +11,11 @@ For messages, positional arguments come from ``args_columns`` (a comma-separated
 columns, in order) or ``args_column`` (one array column); keyword arguments from
 ``kwargs_columns`` (named columns) or ``kwargs_column`` (a map or struct column).
 ``priority_column`` and ``delay_column`` (seconds) set a job's priority and delay per row.
+
+Each column is checked where it enters: its Spark type when the write is planned (on the
+driver, before any task runs), and its values, batch by batch, against the constraints the
+state holds jobs to (:mod:`objq_broker.model.checks`): a value out of range fails the task, so
+the write is aborted and nothing is enqueued.
 """
 
 from __future__ import annotations
@@ -19,9 +24,25 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pyarrow as pa
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    ByteType,
+    DataType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructType,
+)
 
 from objq_broker.errors import ConfigurationError
+from objq_broker.model.checks import Priority, SignedSeconds, checked
 from objq_broker.model.messages import celery_message, dramatiq_message
 
 DEFAULT_PAYLOAD_COLUMN = "payload"
@@ -48,6 +69,29 @@ WRITER_OPTIONS = (
 
 Row = tuple[bytes, int | None, float | None]  # payload, priority, delay
 
+_INTEGERS: tuple[type[DataType], ...] = (ByteType, ShortType, IntegerType, LongType)
+#: The Spark types the column an option names may have, and how an error says them.
+_COLUMN_TYPES: dict[str, tuple[tuple[type[DataType], ...], str]] = {
+    "payload_column": ((StringType, BinaryType), "string or binary"),
+    "actor_column": ((StringType,), "string"),
+    "task_column": ((StringType,), "string"),
+    "args_column": ((ArrayType,), "an array"),
+    "kwargs_column": ((MapType, StructType), "a map with string keys, or a struct"),
+    "priority_column": (_INTEGERS, "tinyint, smallint, int or bigint"),
+    "delay_column": (
+        (*_INTEGERS, FloatType, DoubleType),
+        "seconds as tinyint, smallint, int, bigint, float or double",
+    ),
+}
+
+
+class _RowValues(msgspec.Struct, frozen=True):
+    """A batch's per-row job settings (null: the writer's option), held to the state's
+    constraints."""
+
+    priority: list[Priority | None] = msgspec.field(default_factory=list)
+    delay: list[SignedSeconds | None] = msgspec.field(default_factory=list)
+
 
 def required(options: Mapping[str, str], name: str, where: str) -> str:
     value = options.get(name)
@@ -70,16 +114,14 @@ def option_int(
         ) from None
 
 
-def option_float(options: Mapping[str, str], name: str, default: float, where: str) -> float:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
+def check_known(options: Mapping[str, str]) -> None:
+    """Refuse an option the writer does not know, listing those it does."""
+    known = {name.lower() for name in WRITER_OPTIONS}
+    unknown = sorted(k for k in options if k.lower() not in known and k.lower() != "path")
+    if unknown:
         raise ConfigurationError(
-            f"{where}: option {name!r} must be a number, found {raw!r}"
-        ) from None
+            f"objq writer: unknown option(s) {unknown}; accepted: {list(WRITER_OPTIONS)}"
+        )
 
 
 def _columns(raw: str | None) -> tuple[str, ...]:
@@ -103,14 +145,10 @@ class RowPlan:
     delay_column: str | None = None
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str], columns: list[str], queue: str) -> RowPlan:
+    def from_options(cls, options: Mapping[str, str], schema: StructType, queue: str) -> RowPlan:
+        """The plan the options describe, its columns checked against the DataFrame's."""
         where = "objq writer"
-        known = {name.lower() for name in WRITER_OPTIONS}
-        unknown = sorted(k for k in options if k.lower() not in known and k.lower() != "path")
-        if unknown:
-            raise ConfigurationError(
-                f"{where}: unknown option(s) {unknown}; accepted: {list(WRITER_OPTIONS)}"
-            )
+        check_known(options)
         dramatiq = options.get("dramatiq_actor"), options.get("actor_column")
         celery = options.get("celery_task"), options.get("task_column")
         if any(dramatiq) and any(celery):
@@ -147,12 +185,27 @@ class RowPlan:
             priority_column=options.get("priority_column") or None,
             delay_column=options.get("delay_column") or None,
         )
+        columns = list(schema.fieldNames())
         missing = [c for c in plan.used_columns() if c not in columns]
         if missing:
             raise ConfigurationError(
                 f"{where}: column(s) {missing} not in the DataFrame; its columns: {columns}"
             )
+        for option, column in plan.typed_columns().items():
+            _check_type(option, column, schema[column].dataType)
         return plan
+
+    def typed_columns(self) -> dict[str, str]:
+        """The columns whose Spark type is fixed, by the option that names them."""
+        names = {
+            "payload_column": self.payload_column,
+            "actor_column" if self.kind == "dramatiq" else "task_column": self.name_column,
+            "args_column": self.args_column,
+            "kwargs_column": self.kwargs_column,
+            "priority_column": self.priority_column,
+            "delay_column": self.delay_column,
+        }
+        return {option: column for option, column in names.items() if column}
 
     def used_columns(self) -> list[str]:
         single = [
@@ -166,17 +219,24 @@ class RowPlan:
         return [c for c in single if c] + list(self.args_columns) + list(self.kwargs_columns)
 
     def rows(self, batch: pa.RecordBatch) -> Iterator[Row]:
-        """(payload, priority, delay) of each row of ``batch``."""
+        """(payload, priority, delay) of each row of ``batch``; a priority or delay of None
+        leaves the writer's option."""
         count = batch.num_rows
-        priorities = self._column(batch, self.priority_column, count)
-        delays = self._column(batch, self.delay_column, count)
+        priorities = self._settings(batch, "priority", self.priority_column, count)
+        delays = self._settings(batch, "delay", self.delay_column, count)
         for index, payload in enumerate(self._payloads(batch, count)):
-            priority, delay = priorities[index], delays[index]
-            yield (
-                payload,
-                None if priority is None else int(priority),
-                None if delay is None else float(delay),
-            )
+            yield payload, priorities[index], delays[index]
+
+    def _settings(
+        self, batch: pa.RecordBatch, field: str, name: str | None, count: int
+    ) -> list[Any]:
+        """The values of column ``name``, checked as the job setting ``field``."""
+        if name is None:
+            return [None] * count
+        values = checked(
+            {field: self._column(batch, name, count)}, _RowValues, f"objq writer: column {name!r}"
+        )
+        return list(getattr(values, field))
 
     @staticmethod
     def _column(batch: pa.RecordBatch, name: str | None, count: int) -> list[Any]:
@@ -189,7 +249,8 @@ class RowPlan:
             for value in self._column(batch, self.payload_column, count):
                 if value is None:
                     raise ConfigurationError(
-                        f"objq writer: a row's {self.payload_column!r} is null; expected a payload"
+                        f"objq writer: column {self.payload_column!r}: expected a payload, "
+                        "found null"
                     )
                 yield value.encode() if isinstance(value, str) else bytes(value)
             return
@@ -201,7 +262,8 @@ class RowPlan:
             name = self.name or names[index]
             if not name:
                 raise ConfigurationError(
-                    f"objq writer: a row's {self.name_column!r} is empty; expected a task name"
+                    f"objq writer: column {self.name_column!r}: expected a task name, "
+                    f"found {name!r}"
                 )
             yield build(self.message_queue, str(name), args[index], kwargs[index])
 
@@ -216,6 +278,18 @@ class RowPlan:
             return [_mapping(v) for v in self._column(batch, self.kwargs_column, count)]
         columns = {c: self._column(batch, c, count) for c in self.kwargs_columns}
         return [{c: values[i] for c, values in columns.items()} for i in range(count)]
+
+
+def _check_type(option: str, column: str, found: DataType) -> None:
+    accepted, words = _COLUMN_TYPES[option]
+    fits = isinstance(found, accepted)
+    if isinstance(found, MapType):
+        fits = fits and isinstance(found.keyType, StringType)
+    if not fits:
+        raise ConfigurationError(
+            f"objq writer: option {option!r} names column {column!r}; expected {words}, "
+            f"found {found.simpleString()}"
+        )
 
 
 def _mapping(value: object) -> dict[str, Any]:

@@ -16,13 +16,15 @@ commit for the whole DataFrame) and :mod:`objq_broker.spark.rows` (payload or Dr
 messages from columns). Only ``mode("append")`` is accepted.
 
 No JVM connector is involved: executors read and write storage with objq's own adapters, so
-``s3://`` and ``gs://`` work where ``hadoop-aws`` is not installed. The source needs
-``spark.sql.python.filterPushdown.enabled=true`` (set by :func:`local_session`), and the
-Python workers must run the driver's interpreter (``PYSPARK_PYTHON``).
+``s3://`` and ``gs://`` work where ``hadoop-aws`` is not installed. :func:`register` turns on
+``spark.sql.python.filterPushdown.enabled`` in the session it registers into (without it,
+reads work but filters are applied after reading every row). The Python workers must run the
+driver's interpreter (``PYSPARK_PYTHON``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
@@ -49,9 +51,12 @@ from objq_broker.spark.write import ObjqWriter, settings_from_options
 
 __all__ = ["SCHEMA", "DefaultSource", "ObjqDataSource", "local_session", "register"]
 
-#: Spark settings the source needs or that make a local session start faster.
+log = logging.getLogger("objq_broker.spark")
+
+#: The runtime SQL setting without which Spark pushes no filter into a Python data source.
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+#: Spark settings that suit a local session (:func:`register` adds what the source needs).
 SESSION_CONF = {
-    "spark.sql.python.filterPushdown.enabled": "true",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "4",
@@ -91,7 +96,7 @@ class ObjqDataSource(DataSource):
                 "objq writer: mode('overwrite') would have to drop the jobs already queued; "
                 "objq only adds jobs: use mode('append')"
             )
-        return ObjqWriter(settings_from_options(self.options, list(schema.fieldNames())))
+        return ObjqWriter(settings_from_options(self.options, schema))
 
 
 def _at_least_one(options: Any, name: str, default: int) -> int:
@@ -107,8 +112,26 @@ DefaultSource = ObjqDataSource
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``format("objq")`` available in ``spark`` (registration is per session)."""
+    """Make ``format("objq")`` available in ``spark`` (registration is per session), and turn
+    on filter pushdown there (:data:`PUSHDOWN_CONF`, a runtime setting of the session).
+
+    A session that refuses the setting, or where it is turned off later, still reads the same
+    rows: Spark then applies every filter itself, after the reader read everything.
+
+    >>> from pyspark.sql import SparkSession  # doctest: +SKIP
+    >>> spark = SparkSession.builder.getOrCreate()  # doctest: +SKIP
+    >>> register(spark)  # doctest: +SKIP
+    """
     spark.dataSource.register(ObjqDataSource)
+    try:
+        spark.conf.set(PUSHDOWN_CONF, "true")
+    except Exception as exc:  # a platform's policy, or a Java error py4j passes on as it is
+        # Reads are correct without it (slower): registering must not fail for it.
+        log.warning(
+            "objq: could not set %s=true (%s); reads will filter after reading every row",
+            PUSHDOWN_CONF,
+            exc,
+        )
 
 
 def local_session(

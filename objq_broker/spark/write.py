@@ -29,6 +29,11 @@ task that staged it sees the marker. The marker (a few bytes) stays, for late at
 Jobs are made by the tasks, so what they are given is fixed there: their ``max_attempts`` (the
 queue's as the driver planned the write, unless the ``max_attempts`` option says) and the time
 their delays count from (when the row was staged).
+
+The options are checked on the driver when the write is planned, before any task runs, with the
+constraints the state holds jobs to (:mod:`objq_broker.model.checks`): a NaN delay, a priority
+past 32 bits, ``max_attempts=0`` or ``"true"`` for a number is refused there, naming the option.
+The columns are checked as :mod:`objq_broker.spark.rows` says.
 """
 
 from __future__ import annotations
@@ -36,23 +41,25 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+import msgspec
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
 
 from objq_broker.broker.settings import broker_settings
 from objq_broker.engine.snapshot import Snapshot
-from objq_broker.errors import ConfigurationError, ObjqError, QueueError
+from objq_broker.errors import ObjqError, QueueError
 from objq_broker.model.bodies import encode_bodies
-from objq_broker.model.checks import MAX_SECONDS, PRIORITY_RANGE
+from objq_broker.model.checks import Attempts, Priority, QueueName, SignedSeconds, checked
 from objq_broker.model.records import Job, QueueConfig, encode_payload
 from objq_broker.model.runs import MAX_RUN_JOBS, build_run
 from objq_broker.ops import StagedRun
 from objq_broker.queue import Queue
-from objq_broker.spark.rows import RowPlan
+from objq_broker.spark.rows import RowPlan, check_known, required
 from objq_broker.storage import ObjectStore, open_store
 
 log = logging.getLogger("objq_broker.spark")
@@ -64,6 +71,9 @@ STAGING_PREFIX = "staging/"
 DEFAULT_ROWS_PER_OBJECT = 10_000
 #: Written under a write's staging folder once its driver committed or aborted it.
 CLOSED_MARKER = "_closed"
+
+#: Rows per staged object: one at least, a run's worth at most.
+RowsPerObject = Annotated[int, msgspec.Meta(ge=1, le=MAX_RUN_JOBS)]
 
 
 def staging_prefix(write_id: str) -> str:
@@ -104,8 +114,12 @@ class ObjqWriter(DataSourceArrowWriter):
         self.settings = settings
         # Short ids and names: every job's reference to its row carries them into the state.
         self.write_id = write_id or uuid.uuid4().hex[:16]
-        #: What the tasks give each job: the option, or the queue's setting now.
-        self.max_attempts = settings.max_attempts or _queue_attempts(settings.url, settings.queue)
+        store = open_store(settings.url)  # a bad URL fails here, before any task runs
+        try:
+            #: What the tasks give each job: the option, or the queue's setting now.
+            self.max_attempts = settings.max_attempts or _queue_attempts(store, settings.queue)
+        finally:
+            store.close()
         #: Jobs the commit added (None when the write id had been committed before).
         self.committed: int | None = None
 
@@ -199,17 +213,13 @@ def _referenced(store: ObjectStore) -> set[str]:
     return snapshot.referenced_bodies | snapshot.referenced_runs
 
 
-def _queue_attempts(url: str, queue: str) -> int:
+def _queue_attempts(store: ObjectStore, queue: str) -> int:
     """The ``max_attempts`` of ``queue`` as stored now (the default for a queue not declared,
     which the write's commit declares)."""
-    store = open_store(url)
-    try:
-        snapshot = Snapshot.read(store)
-        if queue in snapshot.queue_names():
-            return snapshot.config(queue).max_attempts
-        return QueueConfig().max_attempts
-    finally:
-        store.close()
+    snapshot = Snapshot.read(store)
+    if queue in snapshot.queue_names():
+        return snapshot.config(queue).max_attempts
+    return QueueConfig().max_attempts
 
 
 def _task_identity() -> tuple[int, int]:
@@ -249,17 +259,9 @@ class _Stager:
         self._rows: list[tuple[int, float]] = []  # (priority, delay) of each entry
 
     def add(self, body: bytes, priority: int | None, delay: float | None) -> None:
+        """Stage a row; its priority and delay were checked (None: the write's own)."""
         priority = self.plan.priority if priority is None else priority
         delay = self.plan.delay if delay is None else delay
-        if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
-            raise ConfigurationError(
-                f"objq writer: expected a row priority in {PRIORITY_RANGE}, found {priority}"
-            )
-        if not -MAX_SECONDS <= delay <= MAX_SECONDS:
-            raise ConfigurationError(
-                f"objq writer: expected a row delay of at most {MAX_SECONDS:.0f} seconds "
-                f"either way, found {delay}"
-            )
         self._entries.append(encode_payload(body))
         self._rows.append((priority, delay))
         if len(self._entries) >= self.plan.rows_per_object:
@@ -326,22 +328,57 @@ class _Stager:
         )
 
 
-def settings_from_options(options: Any, columns: list[str]) -> WriteSettings:
-    """Read the writer's options (a case-insensitive mapping), checking them against the
-    DataFrame's ``columns``."""
-    from objq_broker.spark.rows import option_float, option_int, required
+class _JobOptions(msgspec.Struct, frozen=True):
+    """The writer's options its jobs carry, held to the constraints the state holds jobs to."""
 
+    queue: QueueName
+    priority: Priority = 0
+    delay_seconds: SignedSeconds = 0.0
+    max_attempts: Attempts | msgspec.UnsetType = msgspec.UNSET  # unset: the queue's
+    rows_per_object: RowsPerObject = DEFAULT_ROWS_PER_OBJECT
+
+
+#: The options that are numbers, and the kind of number each must spell.
+_NUMBERS: dict[str, type[int] | type[float]] = {
+    "priority": int,
+    "delay_seconds": float,
+    "max_attempts": int,
+    "rows_per_object": int,
+}
+
+
+def settings_from_options(options: Mapping[str, Any], schema: StructType) -> WriteSettings:
+    """Read the writer's options (a case-insensitive mapping of text, as Spark passes them),
+    checking them, and the columns they name against the DataFrame's ``schema``, on the driver
+    before any task runs."""
     where = "objq writer"
+    check_known(options)
     url = required(options, "url", where)
-    queue = required(options, "queue", where)
-    max_attempts = option_int(options, "max_attempts", None, where)
-    rows_per_object = option_int(options, "rows_per_object", DEFAULT_ROWS_PER_OBJECT, where)
+    given = {
+        name: _spelled(options.get(name), kind)
+        for name, kind in _NUMBERS.items()
+        if options.get(name) is not None
+    }
+    job = checked(
+        {"queue": required(options, "queue", where), **given}, _JobOptions, f"{where} option"
+    )
     return WriteSettings(
         url=url,
-        queue=queue,
-        plan=RowPlan.from_options(options, columns, queue),
-        priority=option_int(options, "priority", 0, where) or 0,
-        delay_seconds=option_float(options, "delay_seconds", 0.0, where),
-        max_attempts=max_attempts,
-        rows_per_object=min(max(rows_per_object or DEFAULT_ROWS_PER_OBJECT, 1), MAX_RUN_JOBS),
+        queue=job.queue,
+        plan=RowPlan.from_options(options, schema, job.queue),
+        priority=job.priority,
+        delay_seconds=job.delay_seconds,
+        max_attempts=None if job.max_attempts is msgspec.UNSET else job.max_attempts,
+        rows_per_object=job.rows_per_object,
     )
+
+
+def _spelled(raw: object, kind: type[int] | type[float]) -> object:
+    """The number the text ``raw`` spells; anything else as it is, for the check to refuse
+    and show ("2.5" is no int, "true" no number; "nan" is a float the check refuses)."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return kind(raw)
+    except ValueError:
+        return raw

@@ -28,7 +28,6 @@ embeds a monotonic counter so its bytes (and so its ETag) never repeat.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
@@ -155,19 +154,6 @@ def clean_prefix(prefix: str, where: str) -> str:
         except InvalidKey as exc:
             raise ConfigurationError(str(exc)) from exc
     return cleaned
-
-
-#: Query parameters whose values are never shown (a URL may carry a credential in one).
-_SECRET_PARAMETER = re.compile(r"(?i)([?&][^=&]*(?:secret|token|password|key)[^=&]*)=[^&]*")
-#: ``user:password@`` after a scheme, anywhere in a URL (an endpoint in a query string too).
-_USERINFO = re.compile(r"(://)[^/?#@]*@")
-
-
-def redacted(url: str) -> str:
-    """``url`` fit to print or log: no ``user:password@``, and the values of query parameters
-    that look like credentials (``...secret...``, ``token``, ``password``, ``key``) replaced
-    by ``***``. The one place a URL is cleaned for display."""
-    return _SECRET_PARAMETER.sub(r"\1=***", _USERINFO.sub(r"\1", url))
 
 
 def without_userinfo(endpoint_url: str) -> str:

@@ -24,6 +24,7 @@ import errno
 import fcntl
 import functools
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -49,8 +50,12 @@ from objq_broker.storage.base import (
 
 #: (key, path) of listed objects.
 _Paths = list[tuple[str, Path]]
+log = logging.getLogger("objq_broker.storage")
+
 #: Folder (under the root) holding temporary files until they are renamed into place.
 TMP_DIR = ".objq-tmp"
+#: A temporary file this old is left by a write whose process died (swept when a store opens).
+STALE_TEMP_SECONDS = 3600.0
 #: Folder (under the root) holding one lock file per key ever written conditionally.
 LOCK_DIR = ".objq-locks"
 
@@ -137,6 +142,21 @@ class FileStore(LocalStoreOps):
                 (self._root / folder).mkdir(exist_ok=True)
         except OSError as exc:
             raise self._translate(exc, "") from exc
+        self._sweep_temp_files()
+
+    def _sweep_temp_files(self) -> None:
+        """Delete the temporary files of writes that never finished: a process killed
+        between staging a write and renaming it into place leaves one behind. A write lasts
+        milliseconds, so one older than :data:`STALE_TEMP_SECONDS` has no writer left."""
+        cutoff = time.time() - STALE_TEMP_SECONDS
+        try:
+            with os.scandir(self._root / TMP_DIR) as entries:
+                for entry in entries:
+                    if entry.name.endswith(".tmp") and entry.stat().st_mtime < cutoff:
+                        with contextlib.suppress(FileNotFoundError):  # another sweeper's
+                            os.unlink(entry.path)
+        except OSError as exc:  # never a reason to refuse the store
+            log.warning("%s: could not sweep %s: %s", self.url, TMP_DIR, exc)
 
     def _make_root(self) -> None:
         """Create the root if it is missing, but not its parent.

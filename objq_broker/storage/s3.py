@@ -7,7 +7,11 @@ two conditional writes to one key overlap, 409 ``ConditionalRequestConflict``; b
 (quoted MD5 digests for single-part uploads), taken from the response that carried the data.
 
 Timeouts and retries default to failing fast: a queue whose storage is unreachable should say
-so within seconds, and the engine above retries with its own backoff.
+so within seconds, and the engine above retries with its own backoff. One call gives up after at
+most ``max_attempts`` x (``connect_timeout`` + ``read_timeout``) plus botocore's short backoff:
+about 10 s by default against an endpoint that accepts and never answers, at once against one
+that refuses. A commit (30 s deadline by default) thus gets tries of its own, and a shorter
+deadline is overrun by at most the one call in flight when it passes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from objq_broker.errors import (
     PreconditionFailed,
     StorageError,
     StorageUnavailable,
+    redacted,
 )
 from objq_broker.storage.base import (
     Blob,
@@ -53,11 +58,13 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 #: Seconds to wait for a TCP connection before the attempt fails (botocore's default is 60).
-DEFAULT_CONNECT_TIMEOUT_SECONDS = 5.0
-#: Seconds to wait for each socket read of a response (botocore's default is 60).
-DEFAULT_READ_TIMEOUT_SECONDS = 30.0
-#: Attempts per call, the first included ("standard" retry mode); a dead endpoint fails in ~5 s.
-DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_CONNECT_TIMEOUT_SECONDS = 2.0
+#: Seconds to wait for each socket read of a response (botocore's default is 60). S3 answers a
+#: queue's small requests well within a second; a longer silence is an outage, better retried.
+DEFAULT_READ_TIMEOUT_SECONDS = 5.0
+#: Attempts per call, the first included ("standard" retry mode): a blackholed endpoint fails a
+#: call in ~10 s (2 x 5 s), no longer than a commit deadline worth setting.
+DEFAULT_MAX_ATTEMPTS = 2
 
 #: S3 error codes that mean "the condition did not hold" (409 is S3's answer to overlapping
 #: conditional writes on one key).
@@ -130,7 +137,9 @@ class S3Store:
         config = Config(
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
-            retries={"mode": "standard", "max_attempts": max_attempts},
+            # total_max_attempts counts the first attempt; botocore's "max_attempts" key would
+            # count retries only, one attempt more than asked for.
+            retries={"mode": "standard", "total_max_attempts": max_attempts},
         )
         try:
             # A private session: boto3's default session is shared and not thread-safe to build
@@ -253,6 +262,16 @@ class S3Store:
             botocore.exceptions.NoCredentialsError,
         ) as exc:
             raise _storage_error(exc, where, action, if_absent, if_version) from exc
+        except (
+            botocore.exceptions.ParamValidationError,
+            botocore.exceptions.EndpointResolutionError,
+        ) as exc:
+            # No retry can fix these: the bucket, key or endpoint is not one S3 accepts.
+            raise ConfigurationError(
+                f"{where}: {action} refused by the S3 SDK: {redacted(str(exc))}"
+            ) from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StorageError(f"{where}: {action} failed: {redacted(str(exc))}") from exc
 
 
 def _storage_error(
@@ -266,11 +285,11 @@ def _storage_error(
         )
     if not isinstance(exc, botocore.exceptions.ClientError):
         # Endpoint refused or unreachable, connect/read timeout, connection dropped mid-body.
-        return StorageUnavailable(f"{where}: {action} failed, S3 unreachable: {exc}")
+        return StorageUnavailable(f"{where}: {action} failed, S3 unreachable: {redacted(str(exc))}")
     error: Any = exc.response.get("Error", {})
     code = str(error.get("Code", ""))
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    said = f"S3 said {status} {code}: {error.get('Message', '')}".rstrip(": ")
+    said = redacted(f"S3 said {status} {code}: {error.get('Message', '')}".rstrip(": "))
     if code in _PRECONDITION_CODES or status == 412:
         expected = "no object (create-only)" if if_absent else f"version {if_version}"
         return PreconditionFailed(

@@ -15,31 +15,26 @@ query does not name the same option: over-determined configuration is refused).
 
 from __future__ import annotations
 
+import math
+import re
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from objq_broker.errors import ConfigurationError, missing_extra
+from objq_broker.errors import ConfigurationError, missing_extra, redacted
 from objq_broker.storage.base import ObjectStore
 from objq_broker.storage.memory import MemoryStore
 
-#: Options each scheme accepts (query string or keyword), and how a query value is parsed.
-_OPTIONS: dict[str, dict[str, Callable[[str], Any]]] = {
-    "memory": {},
-    "file": {"fsync": lambda v: _parse_bool("fsync", v)},
-    "s3": {
-        "endpoint_url": str,
-        "region": str,
-        "profile": str,
-        "client": str,  # only meaningful as a keyword; listed so the error names it
-        "connect_timeout": float,
-        "read_timeout": float,
-        "max_attempts": int,
-    },
-    "gs": {"client": str, "project": str, "endpoint_url": str, "timeout": float},
-}
+_REGION = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_PROFILE = re.compile(r"^[\w.@:+-]{1,256}$")
+#: S3 and GCS bucket names (the looser legacy S3 rules, which allow upper case and '_').
+_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
+#: Longest timeout accepted (about a century, as for every span of time objq takes).
+MAX_SECONDS = 100 * 365 * 24 * 3600.0
+#: Most attempts a storage call may make (botocore's standard mode caps them likewise).
+_MAX_ATTEMPTS = 20
 
 #: Per cloud scheme: the distribution its adapter imports, and the extra that installs it.
 _SDKS: dict[str, tuple[str, str]] = {
@@ -51,13 +46,84 @@ _memory_stores: dict[str, MemoryStore] = {}
 _memory_lock = threading.Lock()
 
 
-def _parse_bool(name: str, value: str) -> bool:
-    lowered = value.lower()
+def _parse_bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    lowered = str(value).lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise ConfigurationError(f"option {name!r}: expected true/false, found {value!r}")
+    raise ValueError("expected true/false")
+
+
+def _seconds(value: object) -> float:
+    """A timeout: a finite number of seconds above zero (zero would fail every call at once;
+    NaN, every call as "unreachable")."""
+    try:
+        seconds = float(value) if isinstance(value, str | int | float) else math.nan
+    except ValueError:
+        seconds = math.nan
+    if isinstance(value, bool) or not 0 < seconds <= MAX_SECONDS:
+        raise ValueError("expected a finite number of seconds > 0 (at most a century)")
+    return seconds
+
+
+def _attempts(value: object) -> int:
+    try:
+        count = int(value) if isinstance(value, str) else value
+    except ValueError:
+        count = None
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= _MAX_ATTEMPTS:
+        raise ValueError(f"expected a whole number of attempts from 1 to {_MAX_ATTEMPTS}")
+    return count
+
+
+def _matching(value: object, pattern: re.Pattern[str], meaning: str) -> str:
+    if not isinstance(value, str) or not pattern.match(value):
+        raise ValueError(f"expected {meaning}")
+    return value
+
+
+def _endpoint(value: object) -> str:
+    """An endpoint: http(s)://host[:port][/path], with no query or fragment."""
+    expected = "expected http(s)://host[:port]"
+    if not isinstance(value, str):
+        raise ValueError(expected)
+    parts = urlsplit(value)
+    try:
+        parts.port  # noqa: B018 (a malformed port raises here)
+    except ValueError:
+        raise ValueError(f"{expected} with a port from 0 to 65535") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(expected)
+    if parts.query or parts.fragment:
+        raise ValueError(f"{expected}, with no query or fragment")
+    return value
+
+
+#: Options each scheme accepts (query string or keyword), and how a value is parsed and
+#: checked: each parser takes the query's text or a keyword's value and returns the option,
+#: or raises ``ValueError`` saying what was expected.
+_OPTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "memory": {},
+    "file": {"fsync": _parse_bool},
+    "s3": {
+        "endpoint_url": _endpoint,
+        "region": lambda v: _matching(v, _REGION, "a region name such as eu-west-1"),
+        "profile": lambda v: _matching(v, _PROFILE, "a profile name"),
+        "client": lambda v: v,  # only meaningful as a keyword; listed so the error names it
+        "connect_timeout": _seconds,
+        "read_timeout": _seconds,
+        "max_attempts": _attempts,
+    },
+    "gs": {
+        "client": lambda v: v,
+        "project": lambda v: _matching(v, _PROFILE, "a project id"),
+        "endpoint_url": _endpoint,
+        "timeout": _seconds,
+    },
+}
 
 
 def _accepted() -> str:
@@ -69,32 +135,38 @@ def _collect_options(
 ) -> dict[str, Any]:
     allowed = _OPTIONS[scheme]
     options: dict[str, Any] = {}
+    shown = redacted(url)
     for name, raw in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
         if name not in allowed or name == "client":
             in_query = sorted(set(allowed) - {"client"})
             raise ConfigurationError(
-                f"storage URL {url!r}: unknown option {name!r} for {scheme}://; "
+                f"storage URL {shown!r}: unknown option {name!r} for {scheme}://; "
                 f"accepted: {', '.join(in_query) or 'none'}"
                 + (" (and client= as a keyword)" if "client" in allowed else "")
             )
-        try:
-            options[name] = allowed[name](raw)
-        except ValueError as exc:
-            raise ConfigurationError(
-                f"storage URL {url!r}: option {name!r} has an invalid value {raw!r} ({exc})"
-            ) from exc
+        options[name] = _parsed(allowed, name, raw, f"storage URL {shown!r}")
     for name, value in keywords.items():
         if name not in allowed:
             raise ConfigurationError(
-                f"open_store({url!r}): unknown option {name!r} for {scheme}://; "
+                f"open_store({shown!r}): unknown option {name!r} for {scheme}://; "
                 f"accepted: {', '.join(sorted(allowed)) or 'none'}"
             )
         if name in options:
             raise ConfigurationError(
-                f"open_store({url!r}): option {name!r} given both in the URL and as a keyword"
+                f"open_store({shown!r}): option {name!r} given both in the URL and as a keyword"
             )
-        options[name] = value
+        options[name] = None if value is None else _parsed(allowed, name, value, "open_store")
     return options
+
+
+def _parsed(allowed: Mapping[str, Callable[[Any], Any]], name: str, value: Any, where: str) -> Any:
+    """Option ``name`` parsed and checked, or :class:`ConfigurationError` saying what it must
+    be. A value is shown only where it cannot be a secret (an endpoint may carry a password)."""
+    try:
+        return allowed[name](value)
+    except ValueError as exc:
+        found = "" if name == "endpoint_url" else f", found {value!r}"
+        raise ConfigurationError(f"{where}: option {name!r}: {exc}{found}") from None
 
 
 def _missing_sdk(scheme: str, exc: ModuleNotFoundError) -> ConfigurationError:
@@ -106,8 +178,42 @@ def _missing_sdk(scheme: str, exc: ModuleNotFoundError) -> ConfigurationError:
 
 def _bucket_and_prefix(netloc: str, path: str, url: str) -> tuple[str, str]:
     if not netloc:
-        raise ConfigurationError(f"storage URL {url!r}: expected a bucket name after '://'")
+        raise ConfigurationError(
+            f"storage URL {redacted(url)!r}: expected a bucket name after '://'"
+        )
+    if "@" in netloc or ":" in netloc:
+        # s3://KEY:SECRET@bucket: never a bucket name, and never to be shown back.
+        raise ConfigurationError(
+            f"storage URL {redacted(url)!r}: expected a bucket name after '://', found one "
+            "with ':' or '@'; credentials do not go in a storage URL: use the SDK's "
+            "environment variables, a profile or an instance role"
+        )
+    if not _BUCKET.match(netloc):
+        raise ConfigurationError(
+            f"storage URL {url!r}: expected a bucket name (2-255 letters, digits, '.', '-' "
+            f"or '_'), found {netloc!r}"
+        )
     return netloc, path.strip("/")
+
+
+def _directory(netloc: str, path: str, url: str) -> Path:
+    """The directory a ``file://`` URL names. ``file:///abs/dir`` has an empty netloc, and
+    ``file://rel/dir`` puts 'rel' in it; one with credentials or a port names no directory."""
+    if "@" in netloc or ":" in netloc:
+        raise ConfigurationError(
+            f"storage URL {redacted(url)!r}: expected file:///absolute/dir or "
+            "file://relative/dir, found a host part with ':' or '@'"
+        )
+    raw = netloc + path
+    if not raw:
+        raise ConfigurationError(f"storage URL {url!r}: expected a directory after file://")
+    directory = Path(raw)
+    if directory.is_absolute() and directory == Path(directory.anchor):
+        raise ConfigurationError(
+            f"storage URL {url!r}: expected a directory of its own, found the file system's "
+            "root: objq keeps its objects and its .objq-tmp and .objq-locks folders there"
+        )
+    return directory
 
 
 def open_store(url: str, **options: Any) -> ObjectStore:
@@ -120,7 +226,8 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     scheme = parts.scheme.lower()
     if scheme not in _OPTIONS:
         raise ConfigurationError(
-            f"storage URL {url!r}: unknown scheme {parts.scheme!r}; accepted: {_accepted()}"
+            f"storage URL {redacted(url)!r}: unknown scheme {parts.scheme!r}; "
+            f"accepted: {_accepted()}"
         )
     opts = _collect_options(scheme, parts.query, options, url)
     if scheme == "memory":
@@ -128,13 +235,10 @@ def open_store(url: str, **options: Any) -> ObjectStore:
         with _memory_lock:
             return _memory_stores.setdefault(name, MemoryStore(name))
     if scheme == "file":
-        # file:///abs/dir has an empty netloc; file://rel/dir puts 'rel' in the netloc.
-        raw = parts.netloc + parts.path
-        if not raw:
-            raise ConfigurationError(f"storage URL {url!r}: expected a directory after file://")
+        directory = _directory(parts.netloc, parts.path, url)
         from objq_broker.storage.file import FileStore
 
-        return FileStore(Path(raw), **opts)
+        return FileStore(directory, **opts)
     bucket, prefix = _bucket_and_prefix(parts.netloc, parts.path, url)
     # The adapter modules raise ModuleNotFoundError when their SDK is missing (importing one
     # directly should fail as any import does); a URL that needs it is a configuration error.

@@ -263,3 +263,24 @@ def test_claims_take_turns_over_several_queues(queue: Queue, other: Queue) -> No
     assert Counter(d.job.queue for d in seen[:4]) == {"a": 2, "b": 2}
     assert Counter(d.job.queue for d in seen) == {"a": 10, "b": 10}
     assert len(asked) >= 10  # one call per claim
+
+
+def test_better_jobs_claimed_later_are_handed_out_before_worse_ones_cached(
+    queue: Queue, other: Queue
+) -> None:
+    # Given a consumer with a low-priority message claimed ahead and waiting in its cache
+    other.declare("jobs")
+    other.enqueue_many("jobs", [b"lo"] * 4, priority=10)
+    window = ClaimWindow(queue, ["jobs"], prefetch=2, max_window=2, hoard_seconds=3600)
+    running = window.take(1, timeout=WITHIN)
+    wait_for(lambda: (window.poll(0), window.cached)[1] >= 2, WITHIN, "a claim made ahead")
+    # When high-priority messages are sent after it, and the next claim made ahead takes one
+    other.enqueue_many("jobs", [b"hi"] * 2, priority=0)
+    running += window.poll(1)
+    wait_for(lambda: (window.poll(0), window.cached)[1] >= 2, WITHIN, "the next claim")
+    # Then the consumer gets the high-priority one first, as the queue would have given it
+    handed = window.poll(None)
+    assert [d.payload for d in running] == [b"lo", b"lo"]
+    assert [d.payload for d in handed] == [b"hi", b"lo"]
+    ack_all(queue, window, running + handed)
+    window.close()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +22,10 @@ from tests.dashboard.browsing import TOKEN, get, log_in, needs_chromium, screens
 
 pytestmark = needs_chromium
 
-#: A store name that reads well in the screenshots.
-STORE = "memory://shop"
+#: Store names that read well in the screenshots: a new one for each test, as a process
+#: that saw a namespace's state refuses to see it start again (``engine.guard``), and
+#: Celery's connection pool keeps its transport's queue for the life of the process.
+_stores = (f"memory://shop{'' if n == 0 else f'-{n}'}" for n in itertools.count())
 
 
 @dataclass
@@ -39,6 +42,7 @@ class Shop:
 
 @pytest.fixture
 def shop() -> Iterator[Shop]:
+    STORE = next(_stores)
     store = open_store(STORE)
     # The elected broker of the namespace, and a client that commits through it.
     with Queue(store=store, broker="auto") as leader, Queue(STORE, broker="client") as client:

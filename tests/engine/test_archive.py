@@ -81,3 +81,19 @@ def test_a_time_range_lists_only_its_days_and_filters_by_finish_time() -> None:
 def test_a_foreign_key_in_the_archive_folder_is_reported() -> None:
     with pytest.raises(StateCorrupt, match="expected archive/YYYY/MM/DD/HH"):
         key_hour("archive/2026/03/notes.jsonl")
+
+
+def test_a_range_of_decades_lists_the_archive_once_not_once_a_day() -> None:
+    store = MemoryStore("archive-decades")
+    _store_record(store, "in", _at(5, 10), _at(5, 10))
+    listed: list[str] = []
+    original = store.list
+
+    def counting_list(prefix: str = "") -> list[str]:
+        listed.append(prefix)
+        return original(prefix)
+
+    store.list = counting_list  # type: ignore[method-assign]
+    year_9999 = 253_370_764_800.0
+    assert [r.job.id for r in iter_archive(store, 0.0, year_9999)] == ["in"]
+    assert listed == ["archive/"]

@@ -96,11 +96,16 @@ def _enqueue_with_its_body_missing(url: str) -> None:
     store.delete(key)
 
 
-def test_a_missing_bodies_object_is_a_clear_error(tmp_path: Path) -> None:
+def test_a_job_whose_bodies_object_is_missing_is_dead_lettered_saying_so(
+    tmp_path: Path,
+) -> None:
     url = tmp_path.as_uri()
     _enqueue_with_its_body_missing(url)
-    with Queue(url, **OUT) as queue, pytest.raises(StateCorrupt, match="missing"):
-        queue.claim("q")
+    with Queue(url, **OUT) as queue:
+        assert queue.claim("q") == []
+        queue.flush()
+        [dead] = queue.dead_letters("q")
+        assert dead.attempts == 1 and "missing" in (dead.error or "")
 
 
 def test_idempotent_enqueue_returns_the_earlier_payload() -> None:
@@ -129,13 +134,14 @@ def test_a_claim_filled_off_the_callers_thread_reads_other_processes_bodies(
     assert open_store(url).list(BODIES_PREFIX) == []  # deleted once the last job finished
 
 
-def test_a_missing_body_fails_the_filled_claim_with_the_state_error(tmp_path: Path) -> None:
+def test_a_missing_body_leaves_the_filled_claim_without_that_job(tmp_path: Path) -> None:
     url = tmp_path.as_uri()
     _enqueue_with_its_body_missing(url)
     with Queue(url, **OUT) as consumer:
         filled = consumer.then_fill(consumer.submit_claim(["q"], 1))
-        with pytest.raises(StateCorrupt, match="missing"):
-            filled.result(10)
+        assert filled.result(10) == []
+        consumer.flush()
+        assert [job.attempts for job in consumer.dead_letters("q")] == [1]
 
 
 def test_the_body_cache_keeps_recent_objects_up_to_its_byte_budget() -> None:
@@ -178,5 +184,5 @@ def test_a_small_state_keeps_large_payloads_until_it_reaches_its_budget() -> Non
 
 
 def test_inline_state_bytes_is_checked() -> None:
-    with pytest.raises(ConfigurationError, match="inline_state_bytes must be an integer >= 0"):
+    with pytest.raises(ConfigurationError, match="inline_state_bytes: expected int >= 0, found -1"):
         Queue("memory://bodies-bad-budget", inline_state_bytes=-1)

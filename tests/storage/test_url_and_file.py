@@ -29,7 +29,17 @@ from objq_broker.storage.file import LOCK_DIR, TMP_DIR, FileStore
         ("file://", "expected a directory"),
         ("memory://x?colour=red", "unknown option 'colour'"),
         ("s3://bucket/p?colour=red", "accepted: connect_timeout, endpoint_url"),
-        ("s3://bucket/p?connect_timeout=soon", "invalid value 'soon'"),
+        ("s3://bucket/p?connect_timeout=soon", "connect_timeout': expected a finite number"),
+        ("s3://bucket/p?read_timeout=0", "read_timeout': expected a finite number"),
+        ("s3://bucket/p?connect_timeout=nan", "found 'nan'"),
+        ("s3://bucket/p?region=", "expected a region name"),
+        ("s3://bucket/p?max_attempts=0", "max_attempts': expected a whole number"),
+        ("s3://bucket?endpoint_url=http://127.0.0.1:1/?x=1", "with no query or fragment"),
+        ("s3://bucket?endpoint_url=ftp://127.0.0.1:1", r"expected http\(s\)://host"),
+        ("s3://KEY:SECRET@bucket", "credentials do not go in a storage URL"),
+        ("s3://bad$bucket", "expected a bucket name"),
+        ("file:///", "found the file system's root"),
+        ("file://user:pw@/x", "found a host part with ':' or '@'"),
         ("file:///tmp/x?fsync=maybe", "expected true/false"),
     ],
 )
@@ -135,3 +145,20 @@ def test_file_write_where_a_folder_is_gives_a_clear_error(tmp_path: Path) -> Non
     with pytest.raises(Exception, match="key 'a'") as info:
         store.put("a", b"y")
     assert "folder" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "s3://KEY:SECRET@bucket",
+        "s3://bucket?endpoint_url=http://user:SECRET@127.0.0.1:1&colour=red",
+        "s3://bucket?endpoint_url=http://user:SECRET@127.0.0.1:1/?x=1",
+        "s3://bucket?endpoint_url=http://user:SECRET@127.0.0.1:99999",
+        "file://user:SECRET@/x",
+        "gs://bucket?endpoint_url=http://user:SECRET@127.0.0.1:1&read_timeout=0",
+    ],
+)
+def test_a_refused_url_is_never_repeated_with_its_secret(url: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        open_store(url)
+    assert "SECRET" not in str(info.value)

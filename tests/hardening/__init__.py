@@ -1,0 +1,1 @@
+"""Hardening tests: the queue against storage that fails the way real networks do."""
