@@ -140,3 +140,8 @@ class LeaseLost(QueueError):
 
 class QueueClosed(ObjqError):
     """The queue (or its engine) was closed; no more operations are accepted."""
+
+
+class PayloadInvalid(ObjqError, ValueError):
+    """A value or payload does not validate against the type of its queue
+    (:mod:`objq_broker.typed`)."""

@@ -74,10 +74,14 @@ class ClaimPark:
             return self.engine.submit(again).result()
 
         with self._cv:
-            if self._closed or len(self._parked) >= self.max_parked or not queues:
-                return attempt()
-            me = _Parked(queues)
-            self._parked.append(me)
+            no_room = self._closed or len(self._parked) >= self.max_parked or not queues
+            if not no_room:
+                me = _Parked(queues)
+                self._parked.append(me)
+        if no_room:
+            # Outside the lock: the commit that answers may first run the commit listener of
+            # an earlier batch, which takes the lock (:meth:`_committed`).
+            return attempt()
         try:
             while True:
                 result = attempt()

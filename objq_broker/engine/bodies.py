@@ -142,7 +142,10 @@ class BodyCache:
                     done.set_result(None)
 
         for key, ref in missing:
-            pool.submit(read, key, ref)
+            try:
+                pool.submit(read, key, ref)
+            except RuntimeError:  # closed meanwhile (its engine was): read here instead
+                read(key, ref)
         return done
 
     def close(self) -> None:

@@ -580,12 +580,22 @@ class Engine:
                     pause = backoff_seconds(tries, 0.005, 1.0, self._rng.random())
                 time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
             except Exception as exc:
-                # Not an objq error: a bug, or an SDK error objq does not translate. It fails
-                # this batch, which may have been half applied: the next one reads afresh.
-                log.exception("commit on %s failed unexpectedly", self.store.url)
+                # Not an objq error: a bug, or an SDK error objq does not translate. The try
+                # may have been half applied: read afresh and try again, as after a storage
+                # error, and fail the batch (never the writer) once its deadline has passed.
+                log.warning(
+                    "commit on %s failed unexpectedly, retrying", self.store.url, exc_info=True
+                )
                 self._invalidate()
-                self._fail(live, _unexpected(self.store.url, exc, bool(self._failed_tries)))
-                return
+                if time.monotonic() >= deadline:
+                    self._fail(live, _unexpected(self.store.url, exc, bool(self._failed_tries)))
+                    return
+                time.sleep(
+                    min(
+                        backoff_seconds(tries, 0.005, 1.0, self._rng.random()),
+                        max(deadline - time.monotonic(), 0.0),
+                    )
+                )
 
     def _note_failure(self, exc: StorageError, deadline: float) -> float:
         """Count a failed try and drop the cache; returns the batch's deadline, restarted when
@@ -780,6 +790,13 @@ class Engine:
         self._synced_at = time.monotonic()
         state.dirty = False
         state.finished.clear()
+        try:
+            self._after_write(state)
+        except Exception:  # the commit landed: what follows only tidies up after it
+            log.exception("tidying up after a commit on %s failed", self.store.url)
+
+    def _after_write(self, state: QueueState) -> None:
+        """Forget and delete what the landed commit freed, and plan what comes next."""
         unused, state.unused_bodies = state.unused_bodies, []
         for key in unused:
             self.bodies.forget(key)

@@ -68,7 +68,11 @@ class Janitor:
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="objq-janitor")
-            future = self._pool.submit(fn, *args)
+            try:
+                future = self._pool.submit(fn, *args)
+            except RuntimeError:  # that pool was shut down under us: work on a new one
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="objq-janitor")
+                future = self._pool.submit(fn, *args)
             self._pending.add(future)
         future.add_done_callback(self._done)
 

@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import msgspec.inspect
 
-from objq_broker.errors import ConfigurationError, ObjqError
+from objq_broker.errors import ConfigurationError, PayloadInvalid
 
 T = TypeVar("T")
 
@@ -34,10 +34,6 @@ ACCEPTED_KINDS = "a msgspec.Struct, a dataclass, a TypedDict or a pydantic model
 _NO_FOUND_TYPES = frozenset({"missing", "json_invalid"})
 
 __all__ = ["ACCEPTED_KINDS", "PayloadInvalid", "Schema"]
-
-
-class PayloadInvalid(ObjqError, ValueError):
-    """A value or payload does not validate against the type of its queue."""
 
 
 class Schema(Generic[T]):

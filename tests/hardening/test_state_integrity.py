@@ -178,21 +178,28 @@ def test_an_operation_that_crashes_fails_alone_and_the_writer_goes_on() -> None:
         engine.close()
 
 
-def test_an_sdk_error_objq_does_not_translate_fails_the_batch_not_the_writer() -> None:
+def test_an_sdk_error_objq_does_not_translate_is_retried_then_fails_the_batch_not_the_writer() -> (
+    None
+):
     class Exploding(MemoryStore):
-        armed = True
+        failures = 0  # writes of the state still to fail
 
-        def read(self, key: str) -> Any:
-            if self.armed and key == STATE_KEY:
-                self.armed = False
+        def write(self, key: str, data: bytes, **condition: Any) -> str:
+            if self.failures and key == STATE_KEY:
+                self.failures -= 1
                 raise KeyError("an SDK's own exception")
-            return super().read(key)
+            return super().write(key, data, **condition)
 
-    engine = Engine(Exploding())
+    store = Exploding()
+    engine = Engine(store, commit_deadline_seconds=0.5)
     try:
-        ok, error = answered(lambda: engine.call(op_types.Declare("q")))
+        store.failures = 1  # once: the commit tries again and lands
+        assert engine.call(op_types.Declare("q")) is True
+        store.failures = 10**6  # for good: the batch fails at its deadline
+        ok, error = answered(lambda: engine.call(op_types.Declare("r")))
         assert not ok and "KeyError" in str(error)
-        assert engine.call(op_types.Declare("q")) is True  # the writer carries on
+        store.failures = 0
+        assert engine.call(op_types.Declare("s")) is True  # the writer carries on
     finally:
         engine.close()
 
