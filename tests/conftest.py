@@ -98,3 +98,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = item.path.relative_to(tests_root).parts
         if parts and parts[0] in _SHARED_WORKER_FOLDERS:
             item.add_marker(pytest.mark.xdist_group(parts[0]))
+
+
+@pytest.fixture(params=["file", "s3"])
+def cli_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store for the command line: a local directory, or a new bucket on
+    moto's S3 server."""
+    if request.param == "file":
+        return (tmp_path / "store").as_uri()
+    factory: Callable[[], str] = request.getfixturevalue("s3_url_factory")
+    return factory()
+
+
+@pytest.fixture
+def file_url(tmp_path: Path) -> str:
+    """A fresh, empty local directory store."""
+    return (tmp_path / "store").as_uri()

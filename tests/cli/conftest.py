@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -15,20 +14,6 @@ from tests.support.processes import Children
 def objq() -> Objq:
     """``objq(*args, url=..., stdin=None, tty_answer=None) -> Result``."""
     return run_objq
-
-
-@pytest.fixture(params=["file", "s3"])
-def cli_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh, empty store: a local directory, or a new bucket on moto's S3 server."""
-    if request.param == "file":
-        return (tmp_path / "store").as_uri()
-    factory: Callable[[], str] = request.getfixturevalue("s3_url_factory")
-    return factory()
-
-
-@pytest.fixture
-def file_url(tmp_path: Path) -> str:
-    return (tmp_path / "store").as_uri()
 
 
 @pytest.fixture

@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.cli.objq_cli import COMMAND_TIMEOUT_SECONDS, environment, objq_command
 from tests.cli.objq_cli import run_objq as objq
 
@@ -30,11 +28,6 @@ RAW_CONTROLS = ["\x1b", "\x07", "\x9b", "\x7f", "\u202e", "\u2066"]
 HOSTILE_STDERR_SCRIPT = "import sys; sys.stderr.write(sys.argv[1]); sys.exit(2)"
 #: A queue name no API call accepts, as a writer of the bucket can store it all the same.
 HOSTILE_QUEUE = "t\x1b]0;pwned\x07ty\u202e"
-
-
-@pytest.fixture
-def file_url(tmp_path: Path) -> str:
-    return (tmp_path / "store").as_uri()
 
 
 def _assert_escaped(text: str) -> None:

@@ -11,10 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from objq_broker.storage import open_store
 from tests.cli.objq_cli import COMMAND_TIMEOUT_SECONDS, Result, environment, objq_command
@@ -41,20 +38,6 @@ sys.stderr.write(("filler " * 20 + "\\n") * (size // 141) + f"middle {secret}\\n
 sys.stderr.write(("filler " * 20 + "\\n") * (size // 141) + f"end {secret}\\nthe last line\\n")
 sys.exit(1)
 """
-
-
-@pytest.fixture(params=["file", "s3"])
-def any_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh, empty store: a local directory, or a new bucket on moto's S3 server."""
-    if request.param == "file":
-        return (tmp_path / "store").as_uri()
-    factory: Callable[[], str] = request.getfixturevalue("s3_url_factory")
-    return factory()
-
-
-@pytest.fixture
-def file_url(tmp_path: Path) -> str:
-    return (tmp_path / "store").as_uri()
 
 
 def _secrets() -> dict[str, str]:
@@ -90,7 +73,7 @@ def _everything_stored(url: str) -> bytes:
         store.close()
 
 
-def test_a_failed_commands_stored_error_holds_no_secret(any_url: str, tmp_path: Path) -> None:
+def test_a_failed_commands_stored_error_holds_no_secret(cli_url: str, tmp_path: Path) -> None:
     # Given a worker whose environment holds secrets, and a command that prints them all
     secrets = _secrets()
     url_password = f"upw{uuid.uuid4().hex[:12]}"
@@ -106,7 +89,7 @@ def test_a_failed_commands_stored_error_holds_no_secret(any_url: str, tmp_path: 
         f"aws_secret_access_key = {file_secret}\n"
         f"-----BEGIN RSA PRIVATE KEY-----\n{pem_body}\n-----END RSA PRIVATE KEY-----\n"
     )
-    assert objq("declare", "leaky", "--max-attempts", "1", url=any_url).code == 0
+    assert objq("declare", "leaky", "--max-attempts", "1", url=cli_url).code == 0
     enqueued = objq(
         "enqueue-cmd",
         "leaky",
@@ -116,17 +99,17 @@ def test_a_failed_commands_stored_error_holds_no_secret(any_url: str, tmp_path: 
         "-c",
         LEAKING_SCRIPT,
         str(printed),
-        url=any_url,
+        url=cli_url,
     )
     [job_id] = enqueued.json()["ids"]
 
     # When the worker runs it into the dead letters
     env = {**secrets, "OBJQ_TEST_GREETING": "hello-from-the-worker"}
-    ran = _worker(any_url, "leaky", env)
+    ran = _worker(cli_url, "leaky", env)
 
     # Then the error says what happened, with every secret replaced by ***
     assert ran.code == 0, ran.stderr
-    [dead] = objq("dead", "list", "leaky", "--json", url=any_url).json()
+    [dead] = objq("dead", "list", "leaky", "--json", url=cli_url).json()
     error = dead["error"]
     assert dead["id"] == job_id and error.startswith("exit code 3: "), error
     assert "greeting: hello-from-the-worker" in error  # what is not secret stays
@@ -135,10 +118,10 @@ def test_a_failed_commands_stored_error_holds_no_secret(any_url: str, tmp_path: 
     assert "Authorization: ***" in error
     assert "aws_secret_access_key = ***" in error
     assert "[private key ***]" in error
-    [archived] = objq("archive", "cat", "--queue", "leaky", url=any_url).json_lines()
+    [archived] = objq("archive", "cat", "--queue", "leaky", url=cli_url).json_lines()
     assert (archived["id"], archived["state"], archived["error"]) == (job_id, "dead", error)
     # And no secret is anywhere in the store, nor in what the worker printed
-    stored = _everything_stored(any_url)
+    stored = _everything_stored(cli_url)
     for secret in [*secrets.values(), url_password, bearer, access_key_id, file_secret, pem_body]:
         assert secret.encode() not in stored, secret
         assert secret not in ran.stdout, secret

@@ -45,11 +45,6 @@ if not marker.exists():
 
 
 @pytest.fixture
-def file_url(tmp_path: Path) -> str:
-    return (tmp_path / "store").as_uri()
-
-
-@pytest.fixture
 def hanging_proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
     """A proxy in front of moto: forwards until told to hold every request unanswered."""
     with FaultProxy(moto_endpoint) as proxy:
