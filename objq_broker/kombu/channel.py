@@ -486,10 +486,12 @@ def _expires_seconds(queue: str, arguments: Any) -> float | None:
     if raw is None:
         return None
     number = isinstance(raw, int | float) and not isinstance(raw, bool)
-    if not number or not 0 < raw <= MAX_MILLISECONDS:  # NaN compares false: refused too
+    # At least one millisecond, as AMQP has it: a tinier positive value would underflow
+    # to zero seconds. NaN compares false, so it is refused too.
+    if not number or not 1 <= raw <= MAX_MILLISECONDS:
         raise ConfigurationError(
-            f"queue {queue!r}: expected x-expires as a positive number of milliseconds, "
-            f"at most {MAX_MILLISECONDS:.0f} (about a century), found {raw!r}"
+            f"queue {queue!r}: expected x-expires as a number of milliseconds from 1 "
+            f"to {MAX_MILLISECONDS:.0f} (about a century), found {raw!r}"
         )
     return float(raw) / 1000.0
 

@@ -30,7 +30,7 @@ import dramatiq
 import kombu
 import pytest
 from celery import Celery
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import objq_broker.kombu  # noqa: F401  (registers the objq transport)
@@ -559,6 +559,8 @@ def test_kombu_message_properties_never_reach_the_state(
 
 @_fast
 @given(value=ODD_VALUES)
+@example(value=5e-324)  # positive, yet zero once made seconds
+@example(value=0.5)
 def test_kombu_queue_expiry_is_checked_when_the_queue_is_declared(
     kombu_connection: kombu.Connection, value: Any
 ) -> None:
