@@ -124,6 +124,8 @@ class Queue:
         self._poll_wait = poll_seconds  # grows while claims find nothing
         self._arrivals = threading.Condition()
         self._commits = 0  # batches committed; claimers wait for it to move
+        self._arrival_listeners: list[Callable[[], None]] = []
+        self._readied_seen: object = None
         self.committer.on_commit(self._wake_claimers)
 
     def __repr__(self) -> str:
@@ -211,6 +213,40 @@ class Queue:
         with self._arrivals:
             self._commits += 1
             self._arrivals.notify_all()
+            listeners = list(self._arrival_listeners) if self._jobs_readied() else []
+        for listener in listeners:
+            try:
+                listener()
+            except Exception:  # a listener must not fail the commit thread that calls it
+                log.exception("an arrival listener failed")
+
+    def _jobs_readied(self) -> bool:
+        """Whether the commit just learned of may have made jobs claimable (holding
+        ``_arrivals``): the committer's readiness mark moved. Committers call after every
+        commit or session, including claims that found nothing; those must not count, or an
+        arrival listener that claims would set off the next call itself."""
+        mark = self.committer.readied
+        if mark == self._readied_seen:
+            return False
+        self._readied_seen = mark
+        return True
+
+    def on_arrivals(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` whenever jobs may have become claimable, as far as this process
+        can know without reading: after its own commits that readied jobs and, in broker mode,
+        after every such commit of the broker (which tells its clients). It runs on a commit
+        or notice thread and must not block. Returns the function that stops the calls.
+
+        An event loop that claims without blocking uses it to claim at once instead of at
+        its next poll. Jobs another process committed directly are only found by polling."""
+        with self._arrivals:
+            self._arrival_listeners.append(listener)
+
+        def stop() -> None:
+            with self._arrivals, contextlib.suppress(ValueError):
+                self._arrival_listeners.remove(listener)
+
+        return stop
 
     # --- queues ----------------------------------------------------------------------------
 

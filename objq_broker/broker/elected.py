@@ -132,6 +132,7 @@ class ElectedCommitter:
         self._last_error: Exception | None = None
         self._used: Target | None = None  # the route the last session took
         self._readied_seen = (0, -1)  # the leader engine's mark at the last wake-up
+        self._readied_notices = 0  # commits known to have made jobs claimable (see readied)
 
     def __repr__(self) -> str:
         return f"ElectedCommitter({self.store.url!r}, {self.role})"
@@ -151,6 +152,13 @@ class ElectedCommitter:
     def record(self) -> BrokerRecord | None:
         """The broker this process last used (its own record when it leads)."""
         return self._record
+
+    @property
+    def readied(self) -> int:
+        """A mark that moves whenever this process learns of a commit that made jobs
+        claimable: its broker's notice, or a commit of its own engine (leading, or direct).
+        Not moved by the mere return of a session, which wakes local claimers all the same."""
+        return self._readied_notices
 
     @property
     def parked_claims(self) -> int:
@@ -501,7 +509,7 @@ class ElectedCommitter:
     def _direct_engine(self) -> Engine:
         if self._direct is None:
             self._direct = Engine(self.store, bodies=self.bodies, **self._engine_options)
-            self._direct.on_commit(self._notify)
+            self._direct.on_commit(functools.partial(self._notify_if_readied, self._direct))
         return self._direct
 
     def _take_over(self, seen: BrokerRecord | None) -> Target | None:
@@ -568,7 +576,7 @@ class ElectedCommitter:
         current one; a broken stream is opened again after a pause."""
         while link is self._link and not self._closing:
             try:
-                link.watch(self._notify)
+                link.watch(self._notify_readied)
             except ObjqError as exc:
                 log.debug("watch on %s ended: %s", link.address, exc)
             time.sleep(RETRY_PAUSE_SECONDS)
@@ -579,7 +587,11 @@ class ElectedCommitter:
         mark = engine.readied
         if mark != self._readied_seen:
             self._readied_seen = mark
-            self._notify()
+            self._notify_readied()
+
+    def _notify_readied(self) -> None:
+        self._readied_notices += 1
+        self._notify()
 
     def _notify(self) -> None:
         for listener in self._listeners:

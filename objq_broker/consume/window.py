@@ -108,6 +108,7 @@ class ClaimWindow:
         self._window = 0  # how many may be claimed ahead; 0 until the first claim
         self._taken_at = 0.0  # when a cached message was last taken (or the cache filled)
         self._idle = False  # the last claim found nothing: claim ahead again only when asked
+        self._look_after = False  # asked to look again while a claim was on its way
         self._closed = False
 
     def __repr__(self) -> str:
@@ -227,6 +228,9 @@ class ClaimWindow:
         """Claim again even though the last claim found nothing (a poll timer, a new queue)."""
         with self._lock:
             self._idle = False
+            # A claim on its way may have been made before what prompted this: if it finds
+            # nothing, the next claim still goes out.
+            self._look_after = self._ahead is not None
 
     def wait(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
         """Wait until ``predicate()`` holds (checked whenever a delivery is settled, a claim
@@ -304,7 +308,8 @@ class ClaimWindow:
             self._window = min(self._size() * 2, self.max_window)
         if starved:
             self._taken_at = time.monotonic()
-        self._idle = not found
+        self._idle = not found and not self._look_after
+        self._look_after = False
         if (
             self._cache
             and found

@@ -20,7 +20,9 @@ been watching can see them:
   would otherwise stop every broker until the next takeover).
 
 Each check costs nothing per commit beyond comparing integers; the marker costs one read when
-an engine first finds a state missing, and one write when it creates the state.
+an engine first finds a state missing (and one more of the state, when the marker is there: a
+process that started at the same moment may have just created both), and one write when it
+creates the state.
 """
 
 from __future__ import annotations
@@ -98,6 +100,13 @@ class StateGuard:
         if self._highest >= 0:
             raise StateCorrupt(self._vanished(f"this process saw version {self._highest}"))
         if self.store.read(self.marker) is not None:
+            # The creator writes the marker right after the state: a state read just before
+            # another process created it, and a marker read just after, say nothing was
+            # deleted. Only a state still missing now was.
+            if self.store.read(self.state_key) is not None:
+                raise PreconditionFailed(
+                    f"{self.where}: created by another process meanwhile; reading it again"
+                )
             raise StateCorrupt(self._vanished(f"{self.marker} says it was created"))
 
     def _vanished(self, why: str) -> str:

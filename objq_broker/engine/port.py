@@ -61,4 +61,11 @@ class Committer(Protocol):
         ...
 
     @property
+    def readied(self) -> object:
+        """A mark that moves whenever a commit this committer learned of made jobs claimable
+        (never for a claim that found nothing, or an ack): compared between two
+        :meth:`on_commit` calls, it says whether looking for jobs again is worth a claim."""
+        ...
+
+    @property
     def closed(self) -> bool: ...

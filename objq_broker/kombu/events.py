@@ -53,12 +53,16 @@ class Wakeup:
             self._writer.send(b"\0")  # the loop has been told already or no longer listens
 
     def clear(self) -> None:
-        """Consume the signals; call before doing the work they asked for, so none is missed."""
-        with self._lock:
-            self._pending = False
+        """Consume the signals; call before doing the work they asked for, so none is missed.
+
+        The byte is read before the next signal may write one: the other way round, a signal
+        landing in between would write a byte read here at once and leave ``_pending`` set,
+        and every later signal would then be dropped until the timer's next call."""
         with contextlib.suppress(OSError):
             while self._reader.recv(4096):
                 pass
+        with self._lock:
+            self._pending = False
 
     def close(self) -> None:
         self._reader.close()
@@ -76,6 +80,7 @@ class LoopBinding:
         self._pump = pump
         self._pacer = Pacer(ceiling=interval)
         self._due = 0.0  # when the timer fires next (time.monotonic)
+        self._look = False  # jobs may have come: the next pump claims (see look_now)
         self._closed = False
         loop.add_reader(self.wakeup.fileno(), self.on_readable)
         loop.on_tick.add(self.keep_registered)
@@ -109,9 +114,17 @@ class LoopBinding:
         registers its sockets on every turn.)"""
         self.loop.add_reader(self.wakeup.fileno(), self.on_readable)
 
+    def look_now(self) -> None:
+        """Jobs may have come (a commit this process learned of, on another thread): claim
+        at the loop's next turn instead of at the next poll of the timer."""
+        self._look = True
+        self.wakeup.signal()
+
     def on_readable(self) -> None:
         self.wakeup.clear()
-        self._handed_out(self._pump(False))
+        # After clear(): a look_now() from now on signals again, so none is lost.
+        look, self._look = self._look, False
+        self._handed_out(self._pump(look))
 
     def on_timer(self) -> None:
         self.wakeup.clear()  # also ends a signal that a lost registration left pending

@@ -45,7 +45,7 @@ import dataclasses
 import os
 import sys
 import threading
-from collections.abc import Set
+from collections.abc import Callable, Set
 from typing import Any
 
 try:
@@ -172,6 +172,7 @@ class Transport(virtual.Transport):
         self.lease_keeper: LeaseKeeper | None = None
         self._lock = threading.Lock()
         self._binding: LoopBinding | None = None
+        self._stop_arrivals: Callable[[], None] | None = None
 
     @property
     def default_connection_params(self) -> dict[str, Any]:
@@ -245,7 +246,11 @@ class Transport(virtual.Transport):
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
         """Deliver through ``loop`` (kombu's Hub, as Celery's worker runs it) from now on."""
         self._leave_event_loop()
-        self._binding = LoopBinding(loop, self.polling_interval, self.pump)
+        binding = self._binding = LoopBinding(loop, self.polling_interval, self.pump)
+        # Told of jobs committed (here, or at the broker this process follows), the loop
+        # claims at once instead of at its next poll: a worker between tasks is not kept
+        # waiting for its timer, and in broker mode for most of what other processes send.
+        self._stop_arrivals = self.open_queue().on_arrivals(binding.look_now)
         self.wake()
 
     def wake(self) -> None:
@@ -260,6 +265,9 @@ class Transport(virtual.Transport):
         return sum(channel.pump(poll) for channel in list(self.channels))
 
     def _leave_event_loop(self) -> None:
+        stop, self._stop_arrivals = self._stop_arrivals, None
+        if stop is not None:
+            stop()
         binding, self._binding = self._binding, None
         if binding is not None:
             binding.close()

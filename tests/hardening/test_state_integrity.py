@@ -31,6 +31,7 @@ from objq_broker.model import ops as op_types
 from objq_broker.model.records import BrokerRecord, decode_state
 from objq_broker.model.state import NewJob
 from objq_broker.storage import MemoryStore, open_store
+from objq_broker.storage.base import Blob
 from objq_broker.storage.file import STALE_TEMP_SECONDS
 
 #: Longest any call below may take: every one must answer, with a result or an error.
@@ -271,6 +272,31 @@ def test_a_deleted_state_is_refused_not_recreated_empty(tmp_path: Path) -> None:
     with Queue(url) as afresh:
         afresh.enqueue("q", b"three")
         assert [d.payload for d in afresh.claim("q")] == [b"three"]
+
+
+class CreatedMeanwhile(MemoryStore):
+    """A fresh namespace whose state another process creates (with its marker) right after
+    the first read of it here found none: processes starting together on a new namespace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created_by_other = False
+
+    def read(self, key: str) -> Blob | None:
+        blob = super().read(key)
+        if key == STATE_KEY and blob is None and not self.created_by_other:
+            self.created_by_other = True
+            with Queue(store=self) as other:
+                other.enqueue("q", b"theirs")
+        return blob
+
+
+def test_a_state_created_by_another_process_meanwhile_is_not_taken_for_a_deleted_one() -> None:
+    store = CreatedMeanwhile()
+    with Queue(store=store) as queue:
+        queue.enqueue("q", b"mine")
+        assert store.created_by_other
+        assert sorted(d.payload for d in queue.claim("q", 10)) == [b"mine", b"theirs"]
 
 
 def test_a_forged_epoch_is_reported_and_does_not_fence_the_recorded_broker(

@@ -21,6 +21,8 @@ from kombu.asynchronous import Hub
 
 import objq_broker.kombu  # noqa: F401  (registers the objq+... URLs)
 from objq_broker import Queue
+from objq_broker.consume.pacing import Pacer
+from objq_broker.kombu import events
 
 OPTIONS = {"visibility_timeout": 30.0, "polling_interval": 0.05}
 
@@ -30,6 +32,13 @@ def hub() -> Iterator[Hub]:
     loop = Hub()
     yield loop
     loop.close()
+
+
+@pytest.fixture
+def slow_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's timer polls every ``polling_interval`` from the start, with no quick
+    first looks: what arrives sooner was delivered by a wakeup, not found by a poll."""
+    monkeypatch.setattr(events, "Pacer", lambda ceiling: Pacer(ceiling, first=ceiling))
 
 
 def publish(conn: kombu.Connection, queue: str, count: int) -> None:
@@ -234,3 +243,129 @@ def test_a_forked_child_closing_its_loop_does_not_silence_the_parent(
             run_until(hub, lambda: len(got) == expected, within=3)
             assert len(got) == expected, "the ack's wakeup was lost after the fork"
         got[-1].ack()
+
+
+#: Options for a consumer whose timer never fires during a test.
+NEVER_POLLED = {"visibility_timeout": 30.0, "polling_interval": 60.0}
+
+
+def collect(got: list[int]) -> Callable[[Any, Any], None]:
+    def on_message(body: Any, message: Any) -> None:
+        got.append(body["n"])
+        message.ack()
+
+    return on_message
+
+
+def test_a_message_committed_in_this_process_wakes_an_idle_consumer_at_once(
+    connect: Any, hub: Hub, slow_timer: None
+) -> None:
+    # Given an idle consumer whose timer will not poll again for a minute
+    consumer_conn, producer_conn = connect(**NEVER_POLLED), connect(**NEVER_POLLED)
+    got: list[int] = []
+    queue = kombu.Queue("told", routing_key="told")
+    with kombu.Consumer(consumer_conn, [queue], callbacks=[collect(got)]):
+        consumer_conn.register_with_event_loop(hub)
+        run_for(hub, 0.3)  # its first claims found nothing
+        # When this process commits a message (the two connections share one engine)
+        publish(producer_conn, "told", 1)
+        # Then the commit itself tells the loop to claim: no poll is waited for
+        run_until(hub, lambda: got == [0], within=10)
+    assert got == [0]
+
+
+#: Publishes {"n": 0} and {"n": 1} to queue "told" of the store argv[1], through the broker.
+PUBLISH_THROUGH_BROKER = """
+import sys, kombu, objq_broker.kombu
+with kombu.Connection("objq+" + sys.argv[1]) as conn:
+    queue = kombu.Queue("told", routing_key="told")
+    producer = kombu.Producer(conn.default_channel)
+    for n in (0, 1):
+        producer.publish({"n": n}, routing_key="told", declare=[queue])
+"""
+
+
+def test_the_broker_tells_an_idle_consumer_of_another_process_message_at_once(
+    connect: Any, hub: Hub, store_url: str, slow_timer: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an idle consumer in broker mode (this process serves as the namespace's broker)
+    # whose timer will not poll again for a minute
+    monkeypatch.setenv("OBJQ_BROKER", "auto")
+    conn = connect(**NEVER_POLLED)
+    got: list[int] = []
+    queue = kombu.Queue("told", routing_key="told")
+    with kombu.Consumer(conn, [queue], callbacks=[collect(got)]):
+        conn.register_with_event_loop(hub)
+        run_until(hub, lambda: conn.transport.queue.committer.role == "leader", within=10)
+        run_for(hub, 0.3)
+        # When another process sends two messages through the broker
+        publish_elsewhere = subprocess.Popen(
+            [sys.executable, "-c", PUBLISH_THROUGH_BROKER, store_url],
+            env={**os.environ, "OBJQ_BROKER": "client"},
+        )
+        try:
+            run_until(hub, lambda: len(got) == 2, within=30)
+        finally:
+            assert publish_elsewhere.wait(timeout=30) == 0
+    # Then each commit of the broker woke the consumer's loop: both came, once, in order
+    assert got == [0, 1]
+
+
+def test_an_idle_consumer_claims_again_only_when_told_of_news(
+    connect: Any, hub: Hub, slow_timer: None
+) -> None:
+    # Given an idle consumer whose timer will not poll again for a minute
+    conn = connect(**NEVER_POLLED)
+    got: list[int] = []
+    queue = kombu.Queue("quiet", routing_key="quiet")
+    with kombu.Consumer(conn, [queue], callbacks=[collect(got)]):
+        conn.register_with_event_loop(hub)
+        run_for(hub, 0.3)
+        before = conn.transport.queue.metrics().ops
+        # When nothing arrives for a second
+        run_for(hub, 1.0)
+        # Then it sends nothing: a claim that found nothing is no news that sends another
+        assert conn.transport.queue.metrics().ops == before
+        assert got == []
+
+
+class _SignalWhileDraining:
+    """A wakeup's reading end on which another thread signals while the loop drains it."""
+
+    def __init__(self, wakeup: events.Wakeup) -> None:
+        self.wakeup = wakeup
+        self.real = wakeup._reader
+        self.signalled = False
+
+    def recv(self, size: int) -> bytes:
+        if not self.signalled:
+            self.signalled = True
+            self.wakeup.signal()
+        return self.real.recv(size)
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def readable(wakeup: events.Wakeup) -> bool:
+    import select
+
+    return bool(select.select([wakeup.fileno()], [], [], 0)[0])
+
+
+def test_a_signal_during_a_clear_never_silences_the_signals_after_it() -> None:
+    wakeup = events.Wakeup()
+    try:
+        # Given a pending signal, and another thread signalling while the loop clears it
+        wakeup.signal()
+        wakeup._reader = _SignalWhileDraining(wakeup)  # type: ignore[assignment]
+        wakeup.clear()
+        # When the next signal comes after the clear
+        wakeup.signal()
+        # Then the loop is woken by it
+        assert readable(wakeup)
+    finally:
+        wakeup.close()
