@@ -15,15 +15,17 @@ anchor with no persistence (``--save '' --appendonly no``), and one that fsyncs 
 For each row a real ``celery worker`` process (prefork, concurrency 1) serves the app, and:
 
 1. **round trip**: ``add.delay(n, 1).get()`` one after the other, from this process; median and
-   99th percentile of the time from ``delay`` to the value in hand.
+   99th percentile of the time from ``delay`` to the value in hand. Then the same after the
+   worker idled (``--idle-seconds`` before each of ``--idle-round-trips``): what a task sent to
+   a quiet worker waits, where the worker's polls have slowed to ``polling_interval``.
 2. **stored per second**: ``backend.store_result(...)`` of small results from this process, one
    thread and eight threads (what workers do after each task), against the row's backend.
 
 Without ``redis-server`` on PATH the Redis rows are skipped with one line, and the objq rows run.
 ``--transport-option NAME=JSON`` sets an objq ``broker_transport_options`` entry.
 
-    python benchmarks/celery_results.py                 # 300 round trips, 2,000 stores
-    python benchmarks/celery_results.py --round-trips 50 --stores 200   # smoke run
+    python benchmarks/celery_results.py     # 300 round trips, 10 after idling, 2,000 stores
+    python benchmarks/celery_results.py --round-trips 50 --idle-round-trips 3 --stores 200
 """
 
 from __future__ import annotations
@@ -95,11 +97,15 @@ class Row:
     broker_url: str
     backend_url: str
     round_trips: list[float]
+    idle_round_trips: list[float]  # each after the worker idled ``--idle-seconds``
     stores_1: float  # results stored per second, one thread
     stores_8: float  # ... eight threads
 
     def median(self) -> float:
         return statistics.median(self.round_trips)
+
+    def idle_median(self) -> float:
+        return statistics.median(self.idle_round_trips) if self.idle_round_trips else 0.0
 
     def p99(self) -> float:
         ordered = sorted(self.round_trips)
@@ -162,14 +168,20 @@ def measure(
     try:
         # The first task waits for the worker to start; it is not counted.
         made.send_task(ADD, (0, 0), producer=producer).get(timeout=WORKER_START_SECONDS)
-        round_trips = []
-        for n in range(args.round_trips):
+
+        def round_trip(n: int) -> float:
             started = time.perf_counter()
             sent = made.send_task(ADD, (n, 1), producer=producer)
             value = sent.get(timeout=GET_TIMEOUT_SECONDS)
-            round_trips.append(time.perf_counter() - started)
             if value != n + 1:
                 raise SystemExit(f"{label}: add({n}, 1) came back as {value!r}")
+            return time.perf_counter() - started
+
+        round_trips = [round_trip(n) for n in range(args.round_trips)]
+        idle_round_trips = []
+        for n in range(args.idle_round_trips):
+            time.sleep(args.idle_seconds)
+            idle_round_trips.append(round_trip(n))
     finally:
         stop_worker(worker)
         # Our own connection, closed here: the app's pooled one outlives app.close(), and
@@ -182,6 +194,7 @@ def measure(
             broker_url,
             backend_url,
             round_trips,
+            idle_round_trips,
             stores_per_second(made, args.stores, 1),
             stores_per_second(made, args.stores, 8),
         )
@@ -196,12 +209,15 @@ def print_table(rows: list[Row], anchor: Row | None, revision: str | None) -> No
           f"kombu {version('kombu')}; Python {platform.python_version()}; "
           f"{os.cpu_count()} CPUs")  # fmt: skip
     print()
-    print("| broker + results | round trip median | p99 | stored/s, 1 thread | 8 threads |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| broker + results | round trip median | p99 | after idling, median "
+        "| stored/s, 1 thread | 8 threads |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for row in rows:
         print(
             f"| {row.label} | {row.median() * 1000:.1f} ms | {row.p99() * 1000:.1f} ms | "
-            f"{row.stores_1:,.0f} | {row.stores_8:,.0f} |"
+            f"{row.idle_median() * 1000:.1f} ms | {row.stores_1:,.0f} | {row.stores_8:,.0f} |"
         )
     if anchor is None:
         return
@@ -215,6 +231,10 @@ def print_table(rows: list[Row], anchor: Row | None, revision: str | None) -> No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--round-trips", type=int, default=300)
+    parser.add_argument("--idle-round-trips", type=int, default=10)
+    parser.add_argument(
+        "--idle-seconds", type=float, default=1.0, help="the worker's idle time before each"
+    )
     parser.add_argument("--stores", type=int, default=2000)
     parser.add_argument(
         "--transport-option",
