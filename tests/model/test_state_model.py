@@ -37,8 +37,15 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from objq_broker.errors import JobNotFound, LeaseLost, QueueNotFound
-from objq_broker.model.records import Job, QueueConfig, StateDoc, decode_state, encode_state
+from objq_broker.errors import JobNotFound, LeaseLost, QueueNotFound, StateCorrupt
+from objq_broker.model.records import (
+    Job,
+    QueueConfig,
+    StateDoc,
+    check_encoded,
+    decode_state,
+    encode_state,
+)
 from objq_broker.model.state import NewJob, QueueState, retry_delay
 
 #: Queues declared up front, with short leases and windows so that time jumps reach them.
@@ -732,3 +739,16 @@ class QueueMachine(RuleBasedStateMachine):
 
 def test_queue_state_matches_reference_model() -> None:
     run_state_machine_as_test(QueueMachine, settings=SETTINGS)
+
+
+def test_a_state_with_a_null_where_none_may_be_is_refused_before_it_is_written() -> None:
+    # A queue that never expires writes expires_seconds as null: that may be null.
+    encoded = encode_state(StateDoc(format=1, queues={"q": QueueConfig()}))
+    assert b'"expires_seconds":null' in encoded
+    check_encoded(encoded, "state.json")
+    # A payload may hold anything that looks like a null field: inside a string it is escaped.
+    check_encoded(encoded.replace(b'"queues"', b'"x":"\\"version\\":null","queues"'), "state")
+    # A field that may not be null, written as null (what NaN becomes), is refused.
+    bad = encoded.replace(b'"max_attempts":', b'"max_attempts":null,"was":')
+    with pytest.raises(StateCorrupt, match="'max_attempts' written as null"):
+        check_encoded(bad, "state.json")
