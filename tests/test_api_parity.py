@@ -11,8 +11,17 @@ from objq_broker import AsyncQueue, Queue
 
 LIBRARY = Path(__file__).resolve().parent.parent / "objq_broker"
 #: Queue methods that only make sense synchronously (futures and payload filling are what the
-#: coroutines are built on; the consumer core uses them).
-SYNC_ONLY = {"submit", "submit_claim", "then_fill", "fill", "fill_deliveries", "next_poll_wait"}
+#: coroutines are built on; the consumer core uses them), and ``on_arrivals``: a callback run
+#: on a commit thread, for an event loop of the sync world (asyncio code awaits a claim).
+SYNC_ONLY = {
+    "submit",
+    "submit_claim",
+    "then_fill",
+    "fill",
+    "fill_deliveries",
+    "next_poll_wait",
+    "on_arrivals",
+}
 
 
 def _public(cls: type) -> dict[str, inspect.Signature]:
