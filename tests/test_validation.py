@@ -23,7 +23,9 @@ from objq_broker import ConfigurationError, Queue
 from objq_broker.engine import STATE_KEY
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.model import ops as op_types
+from objq_broker.model.checks import MAX_SECONDS
 from objq_broker.model.records import QueueConfig, decode_state
+from objq_broker.model.settings import positive_seconds
 from objq_broker.model.state import QueueState
 from objq_broker.ops import StagedBodies
 from objq_broker.storage import MemoryStore
@@ -257,3 +259,11 @@ def test_operations_round_trip_on_the_wire_and_bad_ones_are_refused() -> None:
     ):
         with pytest.raises(msgspec.ValidationError):
             decoder.decode(bad)
+
+
+@pytest.mark.parametrize("value", [0, -1, math.inf, math.nan, 1e300, "4e9", True])
+def test_a_setting_in_seconds_is_refused_unless_positive_and_within_a_century(value: Any) -> None:
+    with pytest.raises(ConfigurationError, match="at most about a century") as refused:
+        positive_seconds(value, "takeover_seconds", where="objq broker")
+    assert "takeover_seconds" in str(refused.value) and repr(value) in str(refused.value)
+    assert positive_seconds(MAX_SECONDS, "takeover_seconds", where="objq broker") == MAX_SECONDS

@@ -12,7 +12,7 @@ says what was expected and shows what was found.
 Traceback (most recent call last):
 ...
 objq_broker.errors.ConfigurationError: objq transport: option heartbeat_interval: expected a \
-positive number of seconds, found 0
+positive number of seconds, at most about a century, found 0
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from objq_broker.errors import ConfigurationError
+from objq_broker.model.checks import MAX_SECONDS
 
 __all__ = [
     "option_count",
@@ -34,12 +35,14 @@ __all__ = [
 
 
 def positive_seconds(raw: object, name: str, *, where: str, label: str = "option") -> float:
-    """``raw`` as a finite number of seconds above zero (numbers and numeric text accepted;
-    bools, zero, negatives, NaN and infinity refused)."""
+    """``raw`` as a finite number of seconds above zero and at most :data:`MAX_SECONDS`
+    (numbers and numeric text accepted; bools, zero, negatives, NaN, infinity and spans past a
+    century refused: one that long is a mistake, and may overflow a timer or a deadline)."""
     value = _number(raw)
-    if value is None or value <= 0:
+    if value is None or not 0 < value <= MAX_SECONDS:
         raise ConfigurationError(
-            f"{where}: {label} {name}: expected a positive number of seconds, found {raw!r}"
+            f"{where}: {label} {name}: expected a positive number of seconds, at most about "
+            f"a century, found {raw!r}"
         )
     return value
 
