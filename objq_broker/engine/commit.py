@@ -688,7 +688,8 @@ class Engine:
             self._others_moved = blob is not None and blob.version != self._lost_against
             self._lost_against = None
         if blob is None:
-            self._guard.missing()
+            blob = self._guard.missing()  # None, or a state another process just created
+        if blob is None:
             state, version = QueueState(), None
         elif self._state is not None and blob.version == self._version and not force:
             state, version = self._state, self._version  # unchanged since we last saw it

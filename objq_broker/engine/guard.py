@@ -33,7 +33,7 @@ import time
 
 from objq_broker.errors import PreconditionFailed, StateCorrupt
 from objq_broker.model.records import StateDoc
-from objq_broker.storage.base import ObjectStore
+from objq_broker.storage.base import Blob, ObjectStore
 
 log = logging.getLogger("objq_broker.engine")
 
@@ -94,20 +94,21 @@ class StateGuard:
             doc.broker.epoch,
         )
 
-    def missing(self) -> None:
-        """The state is not there: fine for a new namespace, :class:`StateCorrupt` for one
-        that had a state (this engine saw one, or the namespace marker says so)."""
+    def missing(self) -> Blob | None:
+        """The state is not there: fine for a new namespace (None), :class:`StateCorrupt` for
+        one that had a state (this engine saw one, or the namespace marker says so). Returns
+        the state another process created meanwhile, if that is what happened."""
         if self._highest >= 0:
             raise StateCorrupt(self._vanished(f"this process saw version {self._highest}"))
-        if self.store.read(self.marker) is not None:
-            # The creator writes the marker right after the state: a state read just before
-            # another process created it, and a marker read just after, say nothing was
-            # deleted. Only a state still missing now was.
-            if self.store.read(self.state_key) is not None:
-                raise PreconditionFailed(
-                    f"{self.where}: created by another process meanwhile; reading it again"
-                )
+        if self.store.read(self.marker) is None:
+            return None
+        # The creator writes the marker right after the state: a state read just before
+        # another process created it, and a marker read just after, say nothing was deleted.
+        # Only a state still missing now was.
+        created = self.store.read(self.state_key)
+        if created is None:
             raise StateCorrupt(self._vanished(f"{self.marker} says it was created"))
+        return created
 
     def _vanished(self, why: str) -> str:
         return (

@@ -62,8 +62,9 @@ class Snapshot:
     @classmethod
     def read(cls, store: ObjectStore) -> Snapshot:
         blob = store.read(STATE_KEY)
+        if blob is None:  # a state deleted is not a new namespace; one created meanwhile is
+            blob = StateGuard(store, STATE_KEY).missing()
         if blob is None:
-            StateGuard(store, STATE_KEY).missing()  # a state deleted is not a new namespace
             return cls(store, QueueState(), 0, time.time(), exists=False)
         doc = decode_state(blob.data, f"state {store.url}/{STATE_KEY}")
         return cls(store, QueueState(doc), len(blob.data), time.time(), exists=True)

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from objq_broker import Queue, StateCorrupt
 from objq_broker.engine import STATE_KEY, Engine
 from objq_broker.engine.guard import NAMESPACE_KEY
+from objq_broker.engine.snapshot import Snapshot
 from objq_broker.model import ops as op_types
 from objq_broker.model.records import BrokerRecord, decode_state
 from objq_broker.model.state import NewJob
@@ -297,6 +298,15 @@ def test_a_state_created_by_another_process_meanwhile_is_not_taken_for_a_deleted
         queue.enqueue("q", b"mine")
         assert store.created_by_other
         assert sorted(d.payload for d in queue.claim("q", 10)) == [b"mine", b"theirs"]
+
+
+def test_a_state_created_meanwhile_is_read_by_a_read_only_call_too() -> None:
+    # Reads answer outside the commit loop's retries: they must take the new state as found.
+    store = CreatedMeanwhile()
+    with Queue(store=store) as queue:
+        assert queue.stats("q").ready == 1
+        assert store.created_by_other
+    assert Snapshot.read(CreatedMeanwhile()).queue_names() == ["q"]
 
 
 def test_a_forged_epoch_is_reported_and_does_not_fence_the_recorded_broker(
