@@ -1,18 +1,17 @@
 """The archive of finished jobs: where its objects go, and reading them back by time.
 
-Every commit that finishes jobs (acked, or dead-lettered) writes their records to one
+Every commit that finishes jobs (acked, or dead-lettered) first writes their records to one
 immutable object ``archive/YYYY/MM/DD/HH/<commit id>.jsonl``, named by the UTC hour of the
-commit, one :class:`~objq_broker.model.records.ArchiveRecord` per line: just after the state
-that carries them, or before it when large (:mod:`objq_broker.engine.archiving`). The folder
-names are what makes a time-range read cheap: a reader lists only the days it needs and reads
-only the hours it needs.
+commit, one :class:`~objq_broker.model.records.ArchiveRecord` per line. The folder names are what
+makes a time-range read cheap: a reader lists only the days it needs and reads only the hours
+it needs.
 
 A commit's time is a little later than the ``finished_at`` of the jobs it finishes (the jobs
 are stamped when the batch is applied, and a conflicting write is retried), so a job that
 finished just before an hour boundary can sit in the next hour's folder. Readers therefore
 take one extra hour at the end of a range and filter records by ``finished_at``.
 
-A process that crashes between writing a large archive object and writing the state leaves an
+A process that crashes between writing an archive object and writing the state leaves an
 object whose jobs are still in the state; they are archived again when they finish, so an
 archive can hold the same job more than once. Readers that count should count distinct ids.
 """

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from objq_broker.engine.archive import archive_key
-from objq_broker.engine.archiving import Archiving
 from objq_broker.engine.bindings import unbind_queues
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.budget import budget_wait
@@ -83,8 +82,6 @@ from objq_broker.model.records import (
     ArchiveRecord,
     Job,
     KeyRecord,
-    PendingArchive,
-    StateDoc,
     check_encoded,
     decode_state,
     encode_archive,
@@ -215,10 +212,6 @@ class _Attempt:
     contents: dict[str, object] = field(default_factory=dict)
     #: Leases this try's state expired on its own (beside what its operations did).
     expired: int = 0
-    #: Operations that finished jobs (by id): answered once this try's archive is stored.
-    finishers: set[int] = field(default_factory=set)
-    #: This try's archive object, carried in its state until stored just after it.
-    carried: PendingArchive | None = None
 
 
 class Engine:
@@ -271,7 +264,6 @@ class Engine:
         self.store = store
         self.key = key
         self.archive = archive
-        self._archiving = Archiving(store)
         self.max_batch_ops = max_batch_ops
         self.max_batch_bytes = max_batch_bytes
         self.linger_seconds = linger_seconds
@@ -651,15 +643,8 @@ class Engine:
 
     def _settled(self, landed: _Attempt) -> None:
         """``landed`` is the try whose state is stored: resolve its results, and delete what
-        the other tries wrote ahead of theirs (none of them can land on top of it). With its
-        archive carried in the state, the operations that finished no job are answered first,
-        and the others once the archive object is stored."""
-        if landed.carried is None:
-            self._resolve(landed.results)
-        else:
-            self._resolve([r for r in landed.results if id(r[0]) not in landed.finishers])
-            self.metrics.archive_writes += self._archiving.store_after(landed.carried)
-            self._resolve([r for r in landed.results if id(r[0]) in landed.finishers])
+        the other tries wrote ahead of theirs (none of them can land on top of it)."""
+        self._resolve(landed.results)
         self._tally(landed)
         kept = set(landed.written)
         orphans = {key for a in self._failed_tries for key in a.written} - kept
@@ -733,13 +718,9 @@ class Engine:
         now = self.clock()
         self._read_runs(state, ops, now)
         results: list[tuple[_Op, bool, Any]] = []
-        finishers: set[int] = set()
         for op in ops:
-            finished_before = len(state.finished)
             try:
                 results.append((op, True, op.op.apply(state, now)))
-                if len(state.finished) > finished_before:
-                    finishers.add(id(op))
             except ObjqError as exc:
                 # Transitions check before they change anything: the state is intact.
                 results.append((op, False, exc))
@@ -751,9 +732,7 @@ class Engine:
                 self._invalidate()
                 return None
         expired = state.expire(now)
-        return _Attempt(
-            uuid.uuid4().hex, results, list(state.finished), expired=expired, finishers=finishers
-        )
+        return _Attempt(uuid.uuid4().hex, results, finished=list(state.finished), expired=expired)
 
     def _read_runs(self, state: QueueState, ops: list[_Op], now: float) -> None:
         """Read the runs ``ops`` may take from or look into, so the model stays pure. The
@@ -786,11 +765,20 @@ class Engine:
         doc.recent_commits = [*doc.recent_commits, attempt.commit_id][-RECENT_COMMITS:]
         self._write_bodies(state, attempt)
         self._write_runs(state, attempt)
-        self.metrics.archive_writes += self._archiving.settle(doc)
-        if self.archive and attempt.finished:
-            self._archive(doc, attempt, now)
         data = state.encode()
         check_encoded(data, f"state {self.store.url}/{self.key}")
+        if self.archive and attempt.finished:
+            # Archive first: a job leaves the state only once its record is stored.
+            content = [(f.outcome, f.job.id) for f in attempt.finished]
+            key = self._spare_holding(content) or archive_key(attempt.commit_id, now)
+            if not self._reuse(key, attempt):
+                records = [
+                    ArchiveRecord(f.outcome, attempt.commit_id, self._inline(f.job))
+                    for f in attempt.finished
+                ]
+                self.store.write(key, encode_archive(records), if_absent=True)
+                self._wrote(attempt, key, content)
+                self.metrics.archive_writes += 1
         self._state_bytes = len(data)
         if self._version is None:
             version = self.store.write(self.key, data, if_absent=True)
@@ -807,25 +795,6 @@ class Engine:
             self._after_write(state)
         except Exception:  # the commit landed: what follows only tidies up after it
             log.exception("tidying up after a commit on %s failed", self.store.url)
-
-    def _archive(self, doc: StateDoc, attempt: _Attempt, now: float) -> None:
-        """A job leaves the state only once its record is safe: carried in this very state
-        when small (``engine.archiving``), else stored in an archive object ahead of it."""
-        content = [(f.outcome, f.job.id) for f in attempt.finished]
-        key = self._spare_holding(content) or archive_key(attempt.commit_id, now)
-        if self._reuse(key, attempt):
-            return
-        records = [
-            ArchiveRecord(f.outcome, attempt.commit_id, self._inline(f.job))
-            for f in attempt.finished
-        ]
-        attempt.carried = self._archiving.carry(key, records)
-        if attempt.carried is not None:
-            doc.archiving.append(attempt.carried)
-            return
-        self.store.write(key, encode_archive(records), if_absent=True)
-        self._wrote(attempt, key, content)
-        self.metrics.archive_writes += 1
 
     def _after_write(self, state: QueueState) -> None:
         """Forget and delete what the landed commit freed, and plan what comes next."""

@@ -237,10 +237,6 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: Lease holders whose leases ran out, with when the last one did (``model.workers``):
     #: shown as gone for a while, then dropped.
     gone: dict[str, float] = msgspec.field(default_factory=dict)
-    #: Archive objects of recent commits, held here until they are stored: a commit stores
-    #: its small archive object just after the state, so the calls it answers need not wait
-    #: for that write (``engine.archiving``). The next commit drops them.
-    archiving: list[PendingArchive] = msgspec.field(default_factory=list)
 
     def has_runs(self) -> bool:
         """Whether anything is kept out of the head (the state then needs format 2)."""
@@ -260,13 +256,6 @@ class ArchiveRecord(msgspec.Struct, omit_defaults=True):
     outcome: Outcome
     commit_id: str
     job: Job
-
-
-class PendingArchive(msgspec.Struct):
-    """An archive object's records, kept in the state until the object is stored."""
-
-    key: str
-    records: list[ArchiveRecord]
 
 
 _encoder = msgspec.json.Encoder()
