@@ -26,6 +26,7 @@ Without ``redis-server`` on PATH the Redis rows are skipped with one line, and t
 
     python benchmarks/celery_results.py     # 300 round trips, 10 after idling, 2,000 stores
     python benchmarks/celery_results.py --round-trips 50 --idle-round-trips 3 --stores 200
+    python benchmarks/celery_results.py --rows elected --idle-round-trips 0   # one row + anchor
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ WORKER_START_SECONDS = 120.0
 #: redis-server settings: no persistence (the anchor), and every write fsynced (AOF, always).
 REDIS_IN_MEMORY = ("--save", "", "--appendonly", "no")
 REDIS_FSYNC_ALWAYS = ("--save", "", "--appendonly", "yes", "--appendfsync", "always")
+#: The rows ``--rows`` can pick (Redis + Redis, the anchor, is always measured when it can be).
+ROWS = ("direct", "direct-no-fsync", "elected", "elected-no-fsync", "objq-redis", "redis-fsync")
 #: The objq transport's options (JSON), for this process and the worker it starts.
 OPTIONS_ENV = "BENCH_TRANSPORT_OPTIONS"
 
@@ -228,6 +231,58 @@ def print_table(rows: list[Row], anchor: Row | None, revision: str | None) -> No
             print(f"  {row.label}: {row.median() / anchor.median():.2f}x")
 
 
+def objq_rows(scratch: Path, wanted: set[str], args: argparse.Namespace) -> tuple[list[Row], str]:
+    """The objq broker rows asked for, and the broker URL the ``objq + Redis`` row uses."""
+    broker = f"objq+{(scratch / 'queue').as_uri()}"
+    rows = []
+    if "direct" in wanted:
+        rows.append(measure("objq + objq", broker, f"objq+{(scratch / 'results').as_uri()}", args))
+    # Without fsync a write is durable as Redis's without persistence is: in memory only.
+    if "direct-no-fsync" in wanted:
+        unsynced = [f"objq+{(scratch / name).as_uri()}?fsync=false" for name in ("q2", "r2")]
+        rows.append(measure("objq + objq, no fsync", *unsynced, args))
+    # The worker and this process elect one of them to commit for both: claims are served from
+    # its state in memory, and a claim that found nothing waits there for the next message.
+    if "elected" in wanted:
+        elected = [f"objq+{(scratch / name).as_uri()}" for name in ("q3", "r3")]
+        rows.append(measure("objq + objq, elected broker", *elected, args, broker_mode="auto"))
+    if "elected-no-fsync" in wanted:
+        elected = [f"objq+{(scratch / name).as_uri()}?fsync=false" for name in ("q4", "r4")]
+        rows.append(
+            measure("objq + objq, elected broker, no fsync", *elected, args, broker_mode="auto")
+        )
+    return rows, broker
+
+
+def redis_rows(
+    rows: list[Row], broker: str, wanted: set[str], args: argparse.Namespace
+) -> Row | None:
+    """Add the Redis rows asked for to ``rows``; the anchor (Redis + Redis), None without a
+    ``redis-server``."""
+    if shutil.which("redis-server") is None:
+        print(
+            "# redis-server not found on PATH: the Redis rows are skipped "
+            "(apt-get install redis-server to measure them)"
+        )
+        return None
+    servers: list[RedisServer] = []
+    try:
+        servers.append(redis := start_redis(REDIS_IN_MEMORY))
+        if "objq-redis" in wanted:
+            rows.append(measure("objq + Redis", broker, redis.url, args))
+            redis.flush()
+        anchor = measure("Redis + Redis", redis.url, redis.url, args)
+        rows.append(anchor)
+        # As durable as objq's default: every write fsynced before Redis answers.
+        if "redis-fsync" in wanted:
+            servers.append(durable := start_redis(REDIS_FSYNC_ALWAYS))
+            rows.append(measure("Redis + Redis, fsync always", durable.url, durable.url, args))
+        return anchor
+    finally:
+        for server in servers:
+            server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--round-trips", type=int, default=300)
@@ -236,6 +291,13 @@ def main() -> None:
         "--idle-seconds", type=float, default=1.0, help="the worker's idle time before each"
     )
     parser.add_argument("--stores", type=int, default=2000)
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        choices=ROWS,
+        default=list(ROWS),
+        help="which rows to measure (Redis + Redis, the anchor, always runs when it can)",
+    )
     parser.add_argument(
         "--transport-option",
         action="append",
@@ -249,39 +311,10 @@ def main() -> None:
     if options:
         print(f"objq transport options: {os.environ[OPTIONS_ENV]}")
     scratch = Path(tempfile.mkdtemp(prefix="objq-bench-results-"))
-    broker = f"objq+{(scratch / 'queue').as_uri()}"
-    rows = [measure("objq + objq", broker, f"objq+{(scratch / 'results').as_uri()}", args)]
-    # Without fsync a write is durable as Redis's without persistence is: in memory only.
-    unsynced = [f"objq+{(scratch / name).as_uri()}?fsync=false" for name in ("q2", "r2")]
-    rows.append(measure("objq + objq, no fsync", *unsynced, args))
-    # The worker and this process elect one of them to commit for both: claims are served from
-    # its state in memory, and a claim that found nothing waits there for the next message.
-    elected = [f"objq+{(scratch / name).as_uri()}" for name in ("q3", "r3")]
-    rows.append(measure("objq + objq, elected broker", *elected, args, broker_mode="auto"))
-    elected = [f"objq+{(scratch / name).as_uri()}?fsync=false" for name in ("q4", "r4")]
-    rows.append(
-        measure("objq + objq, elected broker, no fsync", *elected, args, broker_mode="auto")
-    )
-    anchor = None
-    servers: list[RedisServer] = []
-    if shutil.which("redis-server") is None:
-        print(
-            "# redis-server not found on PATH: the Redis rows are skipped "
-            "(apt-get install redis-server to measure them)"
-        )
     try:
-        if shutil.which("redis-server") is not None:
-            servers.append(redis := start_redis(REDIS_IN_MEMORY))
-            rows.append(measure("objq + Redis", broker, redis.url, args))
-            redis.flush()
-            anchor = measure("Redis + Redis", redis.url, redis.url, args)
-            rows.append(anchor)
-            # As durable as objq's default: every write fsynced before Redis answers.
-            servers.append(durable := start_redis(REDIS_FSYNC_ALWAYS))
-            rows.append(measure("Redis + Redis, fsync always", durable.url, durable.url, args))
+        rows, broker = objq_rows(scratch, set(args.rows), args)
+        anchor = redis_rows(rows, broker, set(args.rows), args)
     finally:
-        for server in servers:
-            server.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     print_table(rows, anchor, objq_revision(ROOT))
 
