@@ -286,11 +286,6 @@ def test_a_result_stored_here_wakes_its_waiter_at_once(tmp_path: Path) -> None:
     assert returned_at - stored_at < 1.0, f"woken {returned_at - stored_at:.2f} s after the store"
 
 
-# Its first get timed out at 30 s in about one run of four on this machine, with the library as
-# it is and as it was before (git 2b9ed92) alike, on the SeaweedFS backend only; the cause is
-# not found yet. One rerun keeps that from failing a whole run while it is looked into; two
-# failures in a row still fail it.
-@pytest.mark.flaky(reruns=1)
 def test_expired_results_read_as_pending_and_cleanup_deletes_them(
     broker_url: str, backend_url: str
 ) -> None:

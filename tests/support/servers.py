@@ -215,6 +215,7 @@ def start_seaweedfs() -> SeaweedFS:
         server = SeaweedFS(f"http://127.0.0.1:{ports['s3.port']}", process, workdir, log)
         try:
             _wait_for_bucket_creation(server)
+            _write_once(server)
         except RuntimeError as exc:
             failures.append(f"attempt {attempt + 1}: {exc}")
             server.stop()
@@ -245,6 +246,25 @@ def _wait_for_bucket_creation(server: SeaweedFS) -> None:
         )
     except TimedOut as exc:
         raise RuntimeError(str(exc)) from None
+
+
+def _write_once(server: SeaweedFS) -> None:
+    """Store one object with content, so that no test waits for the volume server to join.
+
+    Until the volume server has registered with the master (about 5 s after start), a write
+    that needs a volume waits ("Not enough data nodes found!" in its log, tried again each
+    second): the first write of content to a new bucket then took up to 5 s, in about 2 of 5
+    starts (0.2 s after). A result stored with a 2 s expiry landed expired that way, and the
+    test waiting for it timed out. An empty object needs no volume, so it would not wait."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
+    try:
+        client.put_object(Bucket="objq-ready", Key="first-write", Body=b"x" * 1024)
+    except Exception as exc:
+        raise RuntimeError(f"SeaweedFS could not store a first object: {exc}") from exc
+    finally:
+        client.close()
 
 
 # --- fake-gcs-server ---------------------------------------------------------------------------
