@@ -65,8 +65,6 @@ WORKER_START_SECONDS = 120.0
 #: redis-server settings: no persistence (the anchor), and every write fsynced (AOF, always).
 REDIS_IN_MEMORY = ("--save", "", "--appendonly", "no")
 REDIS_FSYNC_ALWAYS = ("--save", "", "--appendonly", "yes", "--appendfsync", "always")
-#: The rows ``--rows`` can pick (Redis + Redis, the anchor, is always measured when it can be).
-ROWS = ("direct", "direct-no-fsync", "elected", "elected-no-fsync", "objq-redis", "redis-fsync")
 #: The objq transport's options (JSON), for this process and the worker it starts.
 OPTIONS_ENV = "BENCH_TRANSPORT_OPTIONS"
 
@@ -231,40 +229,44 @@ def print_table(rows: list[Row], anchor: Row | None, revision: str | None) -> No
             print(f"  {row.label}: {row.median() / anchor.median():.2f}x")
 
 
-def objq_rows(scratch: Path, wanted: set[str], args: argparse.Namespace) -> tuple[list[Row], str]:
-    """The objq broker rows asked for, and the broker URL the ``objq + Redis`` row uses."""
-    broker = f"objq+{(scratch / 'queue').as_uri()}"
+#: The objq rows: ``--rows`` name, label, the two store folders, URL query, ``$OBJQ_BROKER``.
+#: Without fsync a write is durable as Redis's without persistence is: in memory only. With
+#: the elected broker the worker and this process elect one of them to commit for both: claims
+#: are served from its state in memory, and a claim that found nothing waits there.
+OBJQ_ROWS = (
+    ("direct", "objq + objq", ("queue", "results"), "", ""),
+    ("direct-no-fsync", "objq + objq, no fsync", ("q2", "r2"), "?fsync=false", ""),
+    ("elected", "objq + objq, elected broker", ("q3", "r3"), "", "auto"),
+    ("elected-no-fsync", "objq + objq, elected broker, no fsync", ("q4", "r4"), "?fsync=false",
+     "auto"),
+)  # fmt: skip
+
+
+#: The rows ``--rows`` can pick.
+ROWS = (*(row[0] for row in OBJQ_ROWS), "objq-redis", "redis-fsync")
+
+
+def objq_rows(scratch: Path, wanted: set[str], args: argparse.Namespace) -> list[Row]:
     rows = []
-    if "direct" in wanted:
-        rows.append(measure("objq + objq", broker, f"objq+{(scratch / 'results').as_uri()}", args))
-    # Without fsync a write is durable as Redis's without persistence is: in memory only.
-    if "direct-no-fsync" in wanted:
-        unsynced = [f"objq+{(scratch / name).as_uri()}?fsync=false" for name in ("q2", "r2")]
-        rows.append(measure("objq + objq, no fsync", *unsynced, args))
-    # The worker and this process elect one of them to commit for both: claims are served from
-    # its state in memory, and a claim that found nothing waits there for the next message.
-    if "elected" in wanted:
-        elected = [f"objq+{(scratch / name).as_uri()}" for name in ("q3", "r3")]
-        rows.append(measure("objq + objq, elected broker", *elected, args, broker_mode="auto"))
-    if "elected-no-fsync" in wanted:
-        elected = [f"objq+{(scratch / name).as_uri()}?fsync=false" for name in ("q4", "r4")]
-        rows.append(
-            measure("objq + objq, elected broker, no fsync", *elected, args, broker_mode="auto")
-        )
-    return rows, broker
+    for name, label, folders, query, mode in OBJQ_ROWS:
+        if name in wanted:
+            broker, backend = (f"objq+{(scratch / f).as_uri()}{query}" for f in folders)
+            rows.append(measure(label, broker, backend, args, broker_mode=mode))
+    return rows
 
 
 def redis_rows(
-    rows: list[Row], broker: str, wanted: set[str], args: argparse.Namespace
-) -> Row | None:
-    """Add the Redis rows asked for to ``rows``; the anchor (Redis + Redis), None without a
-    ``redis-server``."""
+    broker: str, wanted: set[str], args: argparse.Namespace
+) -> tuple[list[Row], Row | None]:
+    """The Redis rows asked for, and the anchor (Redis + Redis); none without redis-server.
+    ``broker`` is the objq broker of the ``objq + Redis`` row."""
     if shutil.which("redis-server") is None:
         print(
             "# redis-server not found on PATH: the Redis rows are skipped "
             "(apt-get install redis-server to measure them)"
         )
-        return None
+        return [], None
+    rows = []
     servers: list[RedisServer] = []
     try:
         servers.append(redis := start_redis(REDIS_IN_MEMORY))
@@ -277,7 +279,7 @@ def redis_rows(
         if "redis-fsync" in wanted:
             servers.append(durable := start_redis(REDIS_FSYNC_ALWAYS))
             rows.append(measure("Redis + Redis, fsync always", durable.url, durable.url, args))
-        return anchor
+        return rows, anchor
     finally:
         for server in servers:
             server.stop()
@@ -295,7 +297,7 @@ def main() -> None:
         "--rows",
         nargs="+",
         choices=ROWS,
-        default=list(ROWS),
+        default=list(ROWS),  # Redis + Redis, the anchor, is always measured when it can be
         help="which rows to measure (Redis + Redis, the anchor, always runs when it can)",
     )
     parser.add_argument(
@@ -312,8 +314,10 @@ def main() -> None:
         print(f"objq transport options: {os.environ[OPTIONS_ENV]}")
     scratch = Path(tempfile.mkdtemp(prefix="objq-bench-results-"))
     try:
-        rows, broker = objq_rows(scratch, set(args.rows), args)
-        anchor = redis_rows(rows, broker, set(args.rows), args)
+        rows = objq_rows(scratch, set(args.rows), args)
+        broker = f"objq+{(scratch / 'queue').as_uri()}"  # the direct row's
+        redis, anchor = redis_rows(broker, set(args.rows), args)
+        rows += redis
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print_table(rows, anchor, objq_revision(ROOT))

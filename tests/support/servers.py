@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -129,15 +130,22 @@ def _serialise_moto_puts() -> None:
     S3Response.put_object = put_object  # type: ignore[method-assign]
 
 
-def create_s3_bucket(endpoint: str, bucket: str) -> None:
-    """Create ``bucket`` on the S3 endpoint (credentials come from the environment)."""
+@contextmanager
+def _s3_client(endpoint: str) -> Iterator[Any]:
+    """A boto3 S3 client of the endpoint (credentials come from the environment), closed after."""
     import boto3
 
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     try:
-        client.create_bucket(Bucket=bucket)
+        yield client
     finally:
         client.close()
+
+
+def create_s3_bucket(endpoint: str, bucket: str) -> None:
+    """Create ``bucket`` on the S3 endpoint (credentials come from the environment)."""
+    with _s3_client(endpoint) as client:
+        client.create_bucket(Bucket=bucket)
 
 
 # --- SeaweedFS (a real S3 server that honours conditional writes) --------------------------------
@@ -251,20 +259,16 @@ def _wait_for_bucket_creation(server: SeaweedFS) -> None:
 def _write_once(server: SeaweedFS) -> None:
     """Store one object with content, so that no test waits for the volume server to join.
 
-    Until the volume server has registered with the master (about 5 s after start), a write
-    that needs a volume waits ("Not enough data nodes found!" in its log, tried again each
-    second): the first write of content to a new bucket then took up to 5 s, in about 2 of 5
-    starts (0.2 s after). A result stored with a 2 s expiry landed expired that way, and the
-    test waiting for it timed out. An empty object needs no volume, so it would not wait."""
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
+    Until the volume server has registered with the master, a little after start, a write that
+    needs a volume waits for it ("Not enough data nodes found!" in the server's log, tried again
+    each second). A test's first write could wait seconds that way: a result stored with a 2 s
+    expiry landed expired, and the test waiting for it timed out. An empty object needs no
+    volume, so it would not wait."""
     try:
-        client.put_object(Bucket="objq-ready", Key="first-write", Body=b"x" * 1024)
+        with _s3_client(server.endpoint) as client:
+            client.put_object(Bucket="objq-ready", Key="first-write", Body=b"x" * 1024)
     except Exception as exc:
         raise RuntimeError(f"SeaweedFS could not store a first object: {exc}") from exc
-    finally:
-        client.close()
 
 
 # --- fake-gcs-server ---------------------------------------------------------------------------
