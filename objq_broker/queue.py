@@ -202,9 +202,11 @@ class Queue:
         with self._arrivals:
             if found:
                 self._poll_wait = self.poll_seconds
-            else:
-                self._poll_wait = min(self._poll_wait * 2, self.max_poll_seconds)
-            return self._poll_wait
+                return self._poll_wait
+            # The first claim to find nothing after one that found jobs waits poll_seconds.
+            wait = self._poll_wait
+            self._poll_wait = min(wait * 2, self.max_poll_seconds)
+            return wait
 
     def _committed_since(self, count: int) -> bool:
         return self._commits > count

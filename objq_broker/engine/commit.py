@@ -33,10 +33,10 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from objq_broker.engine.archive import archive_key
 from objq_broker.engine.bindings import unbind_queues
@@ -82,6 +82,8 @@ from objq_broker.model.records import (
     ArchiveRecord,
     Job,
     KeyRecord,
+    KeyRunRef,
+    RunRef,
     check_encoded,
     decode_state,
     encode_archive,
@@ -145,6 +147,23 @@ class Readiness:
     state: int
     readied: dict[str, int]
     due: dict[str, float]  # when each queue's next timed job comes due (wall clock)
+
+
+class StandingClaims(Protocol):
+    """Claims that wait at an engine for jobs (a broker's parked claimers,
+    :mod:`objq_broker.broker.parking`). A commit that readies jobs in their queues takes some
+    of them into its own batch, after everything else: a waiting claimer gets its job in the
+    very write that readied it, not in a commit of its own after it."""
+
+    def waiting_on(self) -> Collection[str]:
+        """The queues claims wait on now (empty: none, and a commit looks no further)."""
+
+    def take(
+        self, readied: Mapping[str, int], fits: Callable[[Op[Any]], bool]
+    ) -> list[tuple[Op[Any], Future[Any]]]:
+        """The waiting claims to apply in this try, each with the future its outcome goes
+        to, given how many jobs the try readied per queue. ``fits(op)``: whether ``op`` can
+        be applied without reading a run first (the runs a batch needs are read before it)."""
 
 
 @dataclass
@@ -317,6 +336,7 @@ class Engine:
         self._consumer = False
         self._thread: threading.Thread | None = None
         self._commit_listeners: list[Callable[[], None]] = []
+        self._standing: StandingClaims | None = None
         #: This batch's tries whose state write failed: any one of them may yet have landed.
         self._failed_tries: list[_Attempt] = []
         self._committing = 0  # ops in the batch being committed
@@ -377,6 +397,10 @@ class Engine:
     def on_commit(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the writer thread) after each batch; it must not block."""
         self._commit_listeners.append(listener)
+
+    def take_waiting_claims(self, source: StandingClaims) -> None:
+        """Let each commit that readies jobs take claims waiting for them from ``source``."""
+        self._standing = source
 
     def close(self, timeout: float | None = None) -> None:
         """Commit what is pending, then stop the writer thread."""
@@ -717,22 +741,64 @@ class Engine:
     def _apply(self, state: QueueState, ops: list[_Op]) -> _Attempt | None:
         now = self.clock()
         self._read_runs(state, ops, now)
+        waiting = self._standing.waiting_on() if self._standing is not None else ()
+        before = {name: state.readied_in.get(name, 0) for name in waiting}
         results: list[tuple[_Op, bool, Any]] = []
         for op in ops:
-            try:
-                results.append((op, True, op.op.apply(state, now)))
-            except ObjqError as exc:
-                # Transitions check before they change anything: the state is intact.
-                results.append((op, False, exc))
-            except Exception as exc:
-                # A bug may have left the state half-changed: fail this op, start again.
-                log.exception("operation failed unexpectedly; re-reading the state")
-                op.future.set_exception(exc)
+            if not self._apply_one(state, op, now, results):
                 ops.remove(op)
-                self._invalidate()
                 return None
         expired = state.expire(now)
+        if before and not self._join_waiting_claims(state, ops, results, before, now):
+            return None
         return _Attempt(uuid.uuid4().hex, results, finished=list(state.finished), expired=expired)
+
+    def _apply_one(
+        self, state: QueueState, op: _Op, now: float, results: list[tuple[_Op, bool, Any]]
+    ) -> bool:
+        """Apply ``op`` and note its outcome; False (the op failed, the state dropped) when
+        it crashed."""
+        try:
+            results.append((op, True, op.op.apply(state, now)))
+        except ObjqError as exc:
+            # Transitions check before they change anything: the state is intact.
+            results.append((op, False, exc))
+        except Exception as exc:
+            # A bug may have left the state half-changed: fail this op, start again.
+            log.exception("operation failed unexpectedly; re-reading the state")
+            op.future.set_exception(exc)
+            self._invalidate()
+            return False
+        return True
+
+    def _join_waiting_claims(
+        self,
+        state: QueueState,
+        ops: list[_Op],
+        results: list[tuple[_Op, bool, Any]],
+        before: dict[str, int],
+        now: float,
+    ) -> bool:
+        """Apply the waiting claims this try readied jobs for, as members of the batch (a
+        retry applies them again); False when one crashed (see :meth:`_apply_one`)."""
+        assert self._standing is not None
+        readied = {name: state.readied_in.get(name, 0) - n for name, n in before.items()}
+        readied = {name: n for name, n in readied.items() if n > 0}
+        if not readied:
+            return True
+
+        def fits(op: Op[Any]) -> bool:
+            return all(_cached(state, ref) for _, ref in runs_needed(state, [op], now))
+
+        for op, future in self._standing.take(readied, fits):
+            if not future.set_running_or_notify_cancel():
+                continue
+            joined = _Op(op, future, op.fresh, op.latest, op.size, op.consumer)
+            ops.append(joined)
+            if not self._apply_one(state, joined, now, results):
+                ops.remove(joined)
+                return False
+        return True
 
     def _read_runs(self, state: QueueState, ops: list[_Op], now: float) -> None:
         """Read the runs ``ops`` may take from or look into, so the model stays pure. The
@@ -937,6 +1003,12 @@ class Engine:
         for op in ops:
             if not op.future.done():
                 op.future.set_exception(exc)
+
+
+def _cached(state: QueueState, ref: RunRef | KeyRunRef) -> bool:
+    """Whether the run ``ref`` names has been read (a transition may use it)."""
+    contents = state.run_contents if isinstance(ref, RunRef) else state.key_contents
+    return ref.key in contents
 
 
 def _unexpected(url: str, exc: Exception, unsure: bool) -> QueueError:

@@ -48,6 +48,26 @@ def test_claim_with_timeout_wakes_on_a_local_enqueue(queue: Queue) -> None:
     assert time.monotonic() - started < 5
 
 
+def test_after_a_claim_that_found_a_job_the_next_empty_one_looks_again_after_poll_seconds() -> None:
+    store = MemoryStore("polls")
+    # Two engines (no broker): the producer's commits do not wake the consumer's claims.
+    with (
+        Queue(store=store, broker="off", poll_seconds=0.4, max_poll_seconds=4.0) as consumer,
+        Queue(store=store, broker="off") as producer,
+    ):
+        producer.enqueue("q", b"first")
+        assert len(consumer.claim("q", timeout=5)) == 1
+        timer = threading.Timer(0.05, lambda: producer.enqueue("q", b"second"))
+        timer.start()
+        started = time.monotonic()
+        found = consumer.claim("q", timeout=5)
+        waited = time.monotonic() - started
+        timer.join()
+        assert [d.payload for d in found] == [b"second"]
+        # Found at the first look after poll_seconds, not after twice that.
+        assert 0.35 < waited < 0.7, f"found after {waited:.2f} s"
+
+
 def test_nack_retries_with_backoff_then_dead_letters(queue: Queue) -> None:
     queue.declare("q", max_attempts=2, backoff_base_seconds=0.05, backoff_cap_seconds=0.1)
     queue.enqueue("q", b"flaky")

@@ -143,6 +143,82 @@ def test_a_claim_sent_again_is_answered_not_applied_again(engine: Engine) -> Non
     assert second.id not in {job.id for job in again}
 
 
+def answered(results: list[Any]) -> list[tuple[str, list[str]]]:
+    """Each claimer's lane with the ids of the jobs its claim took."""
+    found = []
+    for lane, ((ok, jobs),) in results:
+        assert ok
+        found.append((lane, [job.id for job in jobs]))
+    return found
+
+
+def park_claims(park: ClaimPark, sessions: list[Session], timeout: float) -> list[Any]:
+    """Claimers parked one after the other (each standing before the next parks); returns
+    the list their outcomes land in, in the order they come back, with their lane."""
+    results: list[Any] = []
+    for index, session in enumerate(sessions, 1):
+
+        def claim(session: Session = session) -> None:
+            results.append((session.client, park.claim(session, timeout)))
+
+        threading.Thread(target=claim, daemon=True).start()
+
+        def standing(index: int = index) -> bool:
+            return park.standing == index
+
+        wait_for(standing, 5, f"claimer {index} standing")
+    return results
+
+
+def test_a_parked_claim_is_answered_by_the_commit_that_readies_its_job(engine: Engine) -> None:
+    park = ClaimPark(engine)
+    results = park_claims(park, [claim_session("lane-1"), claim_session("lane-2")], 30.0)
+    writes, reads = engine.metrics.state_writes, engine.metrics.state_reads
+    (job,) = engine.submit(ops.enqueue("q", [b"a"])).result()
+    # The enqueue's own commit answered the first claimer: no write of its own for the claim.
+    wait_for(lambda: len(results) == 1, 5, "the first claimer answered")
+    assert answered(results) == [("lane-1", [job.id])]
+    assert (engine.metrics.state_writes, engine.metrics.state_reads) == (writes + 1, reads)
+    assert engine.submit(ops.stats(["q"])).result()[0].in_flight == 1
+    assert len(park) == 1 and park.standing == 1, "the second claimer stays parked"
+
+    (later,) = engine.submit(ops.enqueue("q", [b"b"])).result()
+    wait_for(lambda: len(results) == 2, 5, "the second claimer answered")
+    assert answered(results)[1] == ("lane-2", [later.id])
+    assert engine.metrics.state_writes == writes + 2
+    park.close()
+
+
+def test_a_commit_readying_k_jobs_answers_the_first_k_standing_claimers(engine: Engine) -> None:
+    park = ClaimPark(engine)
+    results = park_claims(park, [claim_session(f"lane-{i}") for i in (1, 2, 3)], 30.0)
+    writes = engine.metrics.state_writes
+    jobs = engine.submit(ops.enqueue("q", [b"a", b"b"])).result()
+    wait_for(lambda: len(results) == 2, 5, "two claimers answered")
+    time.sleep(0.2)
+    assert sorted(answered(results)) == [("lane-1", [jobs[0].id]), ("lane-2", [jobs[1].id])]
+    assert engine.metrics.state_writes == writes + 1
+    assert len(park) == 1 and park.standing == 1
+    park.close()
+
+
+def test_a_standing_try_taken_by_a_commit_is_answered_from_its_mark_when_sent_again(
+    engine: Engine,
+) -> None:
+    park = ClaimPark(engine)
+    session = claim_session("lane-1")
+    results = park_claims(park, [session], 30.0)
+    (job,) = engine.submit(ops.enqueue("q", [b"a"])).result()
+    wait_for(lambda: len(results) == 1, 5, "the claimer answered")
+    # The answer was lost on its way; the same request comes again (to the next broker): its
+    # second try, the standing one, took the job, and the first is answered from that mark.
+    ((ok, again),) = park.claim(session, 30.0)
+    assert ok and [j.id for j in again] == [job.id]
+    engine.submit(ops.enqueue("q", [b"b"])).result()
+    assert engine.submit(ops.stats(["q"])).result()[0].ready == 1  # b is still there
+    park.close()
+
+
 def test_a_full_park_answers_at_once_and_close_wakes_the_parked(engine: Engine) -> None:
     park = ClaimPark(engine, max_parked=1)
     results: list[Any] = []
