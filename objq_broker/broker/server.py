@@ -11,8 +11,9 @@ Three methods under ``/objq.Broker/``:
 * ``Hello``: which broker this is (its id, namespace and epoch), so a client never mistakes
   another process on a reused port for its broker.
 * ``Claim``: a session holding one claim that may wait: the broker commits it, and while it
-  finds nothing parks it (:mod:`objq_broker.broker.parking`) and commits it again when jobs come
-  to its queues, up to the wait the request gives. Nobody polls, and one job wakes one claimer.
+  finds nothing parks it (:mod:`objq_broker.broker.parking`): the commit that readies a job in
+  its queues applies it too, up to the wait the request gives. Nobody polls, and one job
+  answers one claimer.
 * ``Watch``: a stream with one small message after each commit that made jobs claimable, for
   claimers that wait on their own (an event loop's claim-ahead).
 
