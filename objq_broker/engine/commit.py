@@ -217,6 +217,12 @@ class _Op:
     size: int
     consumer: bool
 
+    @classmethod
+    def of(cls, op: Op[Any], future: Future[Any]) -> _Op:
+        """``op`` as a batch holds it: its class says how fresh the state must be (``fresh``
+        for claims, ``latest`` for inspection) and whether its caller consumes."""
+        return cls(op, future, op.fresh or op.latest, op.latest, op.size, op.consumer)
+
 
 @dataclass
 class _Attempt:
@@ -358,7 +364,7 @@ class Engine:
         (``fresh`` for claims, ``latest`` for inspection) and whether its caller consumes
         (which turns on idle lease expiry)."""
         future: Future[T] = Future()
-        fresh, latest, consumer = op.fresh, op.latest, op.consumer
+        pending = _Op.of(op, future)  # (its properties are read outside the lock)
         with self._cv:
             if self._fenced is not None:
                 raise self._fenced
@@ -366,7 +372,7 @@ class Engine:
                 raise self._broken
             if self._closing:
                 raise QueueClosed(f"the engine for {self.store.url} is closed")
-            self._pending.append(_Op(op, future, fresh or latest, latest, op.size, consumer))
+            self._pending.append(pending)
             self._callers = max(self._callers, len(self._pending) + self._committing)
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -793,7 +799,7 @@ class Engine:
         for op, future in self._standing.take(readied, fits):
             if not future.set_running_or_notify_cancel():
                 continue
-            joined = _Op(op, future, op.fresh, op.latest, op.size, op.consumer)
+            joined = _Op.of(op, future)
             ops.append(joined)
             if not self._apply_one(state, joined, now, results):
                 ops.remove(joined)
