@@ -227,17 +227,39 @@ def _range(ctx: Context) -> tuple[float | None, float | None]:
 
 
 def cmd_archive_list(ctx: Context) -> int:
-    from objq_broker.engine.archive import archive_keys, key_hour
+    """The archive objects of a range, then the tail the state keeps when any of its records
+    finished in the range (``engine.archive``), named by the state's key, with its count."""
+    from objq_broker.engine.archive import (
+        TAIL_KEY,
+        archive_keys,
+        finished_within,
+        floor_hour,
+        key_hour,
+        read_tail,
+    )
 
     since, until = _range(ctx)
-    keys = archive_keys(ctx.store(), since, until)
+    store = ctx.store()
+    tail = [r for r in read_tail(store) if finished_within(r, since, until)]
+    rows: list[dict[str, Any]] = [
+        {"key": k, "hour": key_hour(k).isoformat()} for k in archive_keys(store, since, until)
+    ]
+    if tail:
+        hour = floor_hour(tail[0].job.finished_at or 0.0).isoformat()
+        rows.append({"key": TAIL_KEY, "hour": hour, "tail_records": len(tail)})
     if ctx.json:
-        print_json([{"key": k, "hour": key_hour(k).isoformat()} for k in keys])
-    elif keys:
-        print(table(["HOUR (UTC)", "KEY"], [[f"{key_hour(k):%Y-%m-%d %H}h", k] for k in keys]))
+        print_json(rows)
+    elif rows:
+        shown = [[f"{r['hour'][:13].replace('T', ' ')}h", r["key"], _tail_note(r)] for r in rows]
+        print(table(["HOUR (UTC)", "KEY", ""], shown))
     else:
         print("no archive objects in range")
     return 0
+
+
+def _tail_note(row: dict[str, Any]) -> str:
+    count = row.get("tail_records")
+    return "" if count is None else f"the state's tail: {count} records, not yet an object"
 
 
 def cmd_archive_cat(ctx: Context) -> int:

@@ -24,6 +24,7 @@ from objq_broker.dashboard.reading import (
     search_archive,
 )
 from objq_broker.dashboard.security import safe_next
+from objq_broker.engine.archive import TAIL_KEY
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ConfigurationError, JobNotFound, ObjqError, QueueNotFound
 from objq_broker.model.durations import parse_time
@@ -144,13 +145,19 @@ async def archive_page(request: Request) -> Response:
 async def archived_job_page(request: Request) -> Response:
     dashboard = dashboard_of(request)
     key, job_id = request.query_params.get("key", ""), request.query_params.get("id", "")
-    if not key.startswith("archive/") or not job_id:
+    if not (key.startswith("archive/") or key == TAIL_KEY) or not job_id:
         raise ConfigurationError(
-            f"archived job: expected ?key=archive/...&id=JOB, found key {key!r} and id {job_id!r}"
+            f"archived job: expected ?key=archive/...&id=JOB (or key={TAIL_KEY}, the state's "
+            f"archive tail), found key {key!r} and id {job_id!r}"
         )
     detail = await run_in_threadpool(read_archived_job, dashboard.store, key, job_id)
     if detail is None:
-        raise JobNotFound(f"job {job_id!r}: not in the archive object {key}")
+        where = (
+            "in the state's archive tail (written out to an archive object since: search for it)"
+            if key == TAIL_KEY
+            else f"in the archive object {key}"
+        )
+        raise JobNotFound(f"job {job_id!r}: not {where}")
     return dashboard.render(request, "job.html", {"detail": detail})
 
 

@@ -22,10 +22,16 @@ from objq_broker.dashboard.decode import (
     show_payload,
     task_name,
 )
-from objq_broker.engine.archive import archive_keys, read_archive
+from objq_broker.engine.archive import (
+    TAIL_KEY,
+    archive_keys,
+    read_archive,
+    read_tail,
+    record_id,
+)
 from objq_broker.engine.snapshot import ACTIVE_CLIENT_SECONDS, Snapshot
 from objq_broker.errors import QueueNotFound
-from objq_broker.model.records import BrokerRecord, Job, JobState
+from objq_broker.model.records import ArchiveRecord, BrokerRecord, Job, JobState
 from objq_broker.model.workers import Worker, WorkerStatus
 from objq_broker.storage import ObjectStore
 
@@ -275,9 +281,15 @@ class JobDetail:
     payload: ShownPayload | None
     message: DecodedMessage | None
     read_at: float
-    #: The archive object the record was read from; None for a job still in the state.
+    #: The archive object the record was read from (:data:`TAIL_KEY`: the state's archive
+    #: tail); None for a job still in the state.
     archive_key: str | None = None
     commit_id: str | None = None
+
+    @property
+    def in_tail(self) -> bool:
+        """Whether the record was read from the state's archive tail, not an object."""
+        return self.archive_key == TAIL_KEY
 
 
 def read_job(store: ObjectStore, job_id: str) -> JobDetail | None:
@@ -334,7 +346,17 @@ def search_archive(
     """Records of jobs finished in ``[since, until)`` (of ``queue``, or all), from ``cursor``
     on. Reads the archive objects of the range one by one, newest hour first (each one's
     records last first), and stops once a page is full."""
+    tail = read_tail(store)  # before the listing (see engine.archive); the newest of all
+    in_tail = {record_id(record) for record in tail}
     keys = sorted(archive_keys(store, since, until), reverse=True)
+    if tail:
+        keys.insert(0, TAIL_KEY)  # sorts after every archive/ key, as cursors compare them
+
+    def records(key: str) -> list[ArchiveRecord]:
+        if key == TAIL_KEY:
+            return tail
+        return [r for r in read_archive(store, key) if record_id(r) not in in_tail]
+
     start_key, skip = _parse_cursor(cursor)
     if start_key is not None:
         keys = [k for k in keys if k <= start_key]
@@ -347,7 +369,7 @@ def search_archive(
         skipping = skip if key == start_key else 0
         matched = [
             r
-            for r in reversed(read_archive(store, key))
+            for r in reversed(records(key))
             if (queue is None or r.job.queue == queue) and _within(r.job, since, until)
         ]
         for index, record in enumerate(matched[skipping:], skipping):
@@ -360,9 +382,10 @@ def search_archive(
 
 
 def read_archived_job(store: ObjectStore, key: str, job_id: str) -> JobDetail | None:
-    """The record of ``job_id`` in the archive object ``key`` (the last one there, if the
-    job was archived twice)."""
-    found = [r for r in read_archive(store, key) if r.job.id == job_id]
+    """The record of ``job_id`` in the archive object ``key``, or in the state's archive tail
+    for :data:`TAIL_KEY` (the last one there, if the job was archived twice)."""
+    held = read_tail(store) if key == TAIL_KEY else read_archive(store, key)
+    found = [r for r in held if r.job.id == job_id]
     if not found:
         return None
     record = found[-1]

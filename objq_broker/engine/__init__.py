@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
-from objq_broker.engine.commit import STATE_KEY, Engine, EngineMetrics
+from objq_broker.engine.commit import Engine, EngineMetrics
+from objq_broker.engine.guard import STATE_KEY
 
 __all__ = ["STATE_KEY", "Engine", "EngineMetrics"]

@@ -1,10 +1,20 @@
 """The archive of finished jobs: where its objects go, and reading them back by time.
 
-Every commit that finishes jobs (acked, or dead-lettered) first writes their records to one
-immutable object ``archive/YYYY/MM/DD/HH/<commit id>.jsonl``, named by the UTC hour of the
-commit, one :class:`~objq_broker.model.records.ArchiveRecord` per line. The folder names are what
-makes a time-range read cheap: a reader lists only the days it needs and reads only the hours
-it needs.
+The records of finished jobs (acked, or dead-lettered), one
+:class:`~objq_broker.model.records.ArchiveRecord` per job, are written to immutable objects
+``archive/YYYY/MM/DD/HH/<commit id>.jsonl``, one record per line, named by the UTC hour of the
+commits that finished them. The folder names are what makes a time-range read cheap: a reader
+lists only the days it needs and reads only the hours it needs.
+
+An object per commit would cost each commit that finishes a job one more durable write before
+the state's (with one job per commit, a third of a worker's round trip). So a commit keeps the
+newest records in the state itself, its *archive tail* (:func:`plan_archive`), and writes them
+out as one object once they add up to :data:`DEFAULT_ARCHIVE_TAIL_BYTES`, or when a commit
+falls in a later hour than the first of them. A record is durable either way before its job
+leaves the state: it is in the very write that drops the job, or in an object written before.
+Readers (:func:`iter_archive`, ``objq archive cat``, Spark's ``archive`` table, the dashboard)
+read the tail with the objects. They read the state first: a tail written out meanwhile is then
+read twice, never missed, and :func:`iter_archive` yields each record once.
 
 A commit's time is a little later than the ``finished_at`` of the jobs it finishes (the jobs
 are stamped when the batch is applied, and a conflicting write is retried), so a job that
@@ -19,10 +29,13 @@ archive can hold the same job more than once. Readers that count should count di
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from objq_broker.engine.guard import STATE_KEY
+from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import StateCorrupt
-from objq_broker.model.records import ArchiveRecord, decode_archive
+from objq_broker.model.records import ArchiveRecord, ArchiveTail, decode_archive, encode_archive
 from objq_broker.storage.base import ObjectStore
 
 #: Folder of the archive of finished jobs.
@@ -36,6 +49,47 @@ def archive_key(commit_id: str, committed_at: float) -> str:
     """The key of the archive object written by commit ``commit_id`` at ``committed_at``."""
     hour = datetime.fromtimestamp(committed_at, UTC).strftime("%Y/%m/%d/%H")
     return f"{ARCHIVE_PREFIX}{hour}/{commit_id}.jsonl"
+
+
+#: The archive tail is written out as an object once its records add up to this many bytes:
+#: about ten Celery messages, a hundred small jobs. 0: an object for every commit.
+DEFAULT_ARCHIVE_TAIL_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True)
+class ArchivePlan:
+    """What one commit does with the records of the jobs it finishes."""
+
+    #: Archive objects to write before the state, as ``(key, records)``.
+    objects: list[tuple[str, list[ArchiveRecord]]]
+    #: The tail the state keeps afterwards.
+    tail: ArchiveTail | None
+    #: Its size, encoded as an object's lines.
+    tail_bytes: int = 0
+
+
+def plan_archive(
+    tail: ArchiveTail | None,
+    records: list[ArchiveRecord],
+    commit_id: str,
+    now: float,
+    tail_bytes: int = DEFAULT_ARCHIVE_TAIL_BYTES,
+) -> ArchivePlan:
+    """Where commit ``commit_id`` at ``now`` puts ``records``: in the state's tail, or, with
+    the tail, in an object once they reach ``tail_bytes``. A tail from an earlier hour is
+    written out first, to its own hour's folder, so an object never spans two hours."""
+    objects: list[tuple[str, list[ArchiveRecord]]] = []
+    if tail is not None and floor_hour(tail.since) != floor_hour(now):
+        objects.append((archive_key(commit_id, tail.since), tail.records))
+        tail = None
+    held = [*(tail.records if tail is not None else []), *records]
+    since = tail.since if tail is not None else now
+    size = len(encode_archive(held))
+    if not held or size >= tail_bytes:
+        if held:
+            objects.append((archive_key(commit_id, since), held))
+        return ArchivePlan(objects, None)
+    return ArchivePlan(objects, ArchiveTail(since=since, records=held), size)
 
 
 def key_hour(key: str) -> datetime:
@@ -66,8 +120,8 @@ def archive_keys(
         return sorted(_archive_objects(store, ARCHIVE_PREFIX))
     # Nothing is archived later than now: a range reaching into the future ends here.
     latest = datetime.now(UTC) + COMMIT_SLACK
-    end = latest if until is None else min(_floor_hour(until) + COMMIT_SLACK, latest)
-    start = None if since is None else _floor_hour(since)
+    end = latest if until is None else min(floor_hour(until) + COMMIT_SLACK, latest)
+    start = None if since is None else floor_hour(since)
     if start is None or (end - start).days > DAYS_LISTED_ONE_BY_ONE:
         return sorted(
             key
@@ -89,15 +143,41 @@ def read_archive(store: ObjectStore, key: str) -> list[ArchiveRecord]:
     return decode_archive(store.get(key), f"{store.url}/{key}")
 
 
+#: What readers that name archive objects call the state's archive tail: the state's own key.
+TAIL_KEY = STATE_KEY
+
+
+def read_tail(store: ObjectStore) -> list[ArchiveRecord]:
+    """The records the state keeps in its archive tail, oldest first."""
+    return Snapshot.read(store).archive_tail
+
+
+def record_id(record: ArchiveRecord) -> tuple[str, str, str]:
+    """What tells one archive record from another: its commit, job and outcome (a job acked and
+    noted as failed in one commit has two records)."""
+    return record.commit_id, record.job.id, record.outcome
+
+
 def iter_archive(
     store: ObjectStore, since: float | None = None, until: float | None = None
 ) -> Iterator[ArchiveRecord]:
-    """Records of jobs finished in ``[since, until)``, object by object, oldest hour first."""
+    """Records of jobs finished in ``[since, until)``, object by object, oldest hour first,
+    then the state's tail."""
+    tail = read_tail(store)  # first: see the module docstring
+    in_tail = {record_id(record) for record in tail}
     for key in archive_keys(store, since, until):
         for record in read_archive(store, key):
-            finished = record.job.finished_at or 0.0
-            if (since is None or finished >= since) and (until is None or finished < until):
+            if record_id(record) not in in_tail and finished_within(record, since, until):
                 yield record
+    for record in tail:
+        if finished_within(record, since, until):
+            yield record
+
+
+def finished_within(record: ArchiveRecord, since: float | None, until: float | None) -> bool:
+    """Whether ``record``'s job finished in ``[since, until)`` (None: unbounded)."""
+    finished = record.job.finished_at or 0.0
+    return (since is None or finished >= since) and (until is None or finished < until)
 
 
 def _archive_objects(store: ObjectStore, prefix: str) -> list[str]:
@@ -105,5 +185,6 @@ def _archive_objects(store: ObjectStore, prefix: str) -> list[str]:
     return [key for key in store.list(prefix) if key.endswith(".jsonl")]
 
 
-def _floor_hour(at: float) -> datetime:
+def floor_hour(at: float) -> datetime:
+    """The UTC hour ``at`` falls in."""
     return datetime.fromtimestamp(at, UTC).replace(minute=0, second=0, microsecond=0)

@@ -38,7 +38,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from objq_broker.engine.archive import archive_key
+from objq_broker.engine.archive import DEFAULT_ARCHIVE_TAIL_BYTES, plan_archive
 from objq_broker.engine.bindings import unbind_queues
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.budget import budget_wait
@@ -47,7 +47,7 @@ from objq_broker.engine.garbage import (
     DEFAULT_OLDER_THAN_SECONDS,
     Sweeper,
 )
-from objq_broker.engine.guard import StateGuard
+from objq_broker.engine.guard import STATE_KEY, StateGuard
 from objq_broker.engine.janitor import Janitor
 from objq_broker.engine.options import EngineLimits, check_engine_settings
 from objq_broker.engine.runs import MERGE_AT, MergeReads, read_runs
@@ -84,6 +84,7 @@ from objq_broker.model.records import (
     KeyRecord,
     KeyRunRef,
     RunRef,
+    StateDoc,
     check_encoded,
     decode_state,
     encode_archive,
@@ -97,8 +98,6 @@ T = TypeVar("T")
 
 log = logging.getLogger("objq_broker.engine")
 
-#: The state object's key under the store's prefix.
-STATE_KEY = "state.json"
 #: Most operations one commit applies.
 DEFAULT_MAX_BATCH_OPS = 5000
 #: Most payload bytes one commit adds.
@@ -273,6 +272,7 @@ class Engine:
         gc_older_than_seconds: float = DEFAULT_OLDER_THAN_SECONDS,
         inline_state_bytes: int = DEFAULT_INLINE_STATE_BYTES,
         max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
+        archive_tail_bytes: int = DEFAULT_ARCHIVE_TAIL_BYTES,
     ) -> None:
         check_engine_settings(
             {
@@ -284,11 +284,14 @@ class Engine:
         self.inline_state_bytes = inline_state_bytes
         #: A larger state is refused unread (a hostile one would exhaust memory).
         self.max_state_bytes = max_state_bytes
-        self._state_bytes = 0  # size of the state as last read or written
+        # Sizes of the state as last read or written, and of the archive tail it holds.
+        self._state_bytes = self._tail_bytes = 0
         self._contended_until = 0.0  # monotonic time until which other writers seem active
         self.store = store
         self.key = key
-        self.archive = archive
+        #: Archive finished jobs (False: drop their records), through a tail kept in the state
+        #: until it holds this many bytes (``engine.archive``).
+        self.archive, self.archive_tail_bytes = archive, archive_tail_bytes
         self.max_batch_ops = max_batch_ops
         self.max_batch_bytes = max_batch_bytes
         self.linger_seconds = linger_seconds
@@ -837,20 +840,10 @@ class Engine:
         doc.recent_commits = [*doc.recent_commits, attempt.commit_id][-RECENT_COMMITS:]
         self._write_bodies(state, attempt)
         self._write_runs(state, attempt)
+        if self.archive and (attempt.finished or doc.archive_tail is not None):
+            self._write_archive(doc, attempt, now)
         data = state.encode()
         check_encoded(data, f"state {self.store.url}/{self.key}")
-        if self.archive and attempt.finished:
-            # Archive first: a job leaves the state only once its record is stored.
-            content = [(f.outcome, f.job.id) for f in attempt.finished]
-            key = self._spare_holding(content) or archive_key(attempt.commit_id, now)
-            if not self._reuse(key, attempt):
-                records = [
-                    ArchiveRecord(f.outcome, attempt.commit_id, self._inline(f.job))
-                    for f in attempt.finished
-                ]
-                self.store.write(key, encode_archive(records), if_absent=True)
-                self._wrote(attempt, key, content)
-                self.metrics.archive_writes += 1
         self._state_bytes = len(data)
         if self._version is None:
             version = self.store.write(self.key, data, if_absent=True)
@@ -867,6 +860,27 @@ class Engine:
             self._after_write(state)
         except Exception:  # the commit landed: what follows only tidies up after it
             log.exception("tidying up after a commit on %s failed", self.store.url)
+
+    def _write_archive(self, doc: StateDoc, attempt: _Attempt, now: float) -> None:
+        """Put the records of the jobs this commit finishes in the state's archive tail, and
+        write the archive objects its plan calls for (:func:`plan_archive`). Before the state:
+        a job leaves the state only once its record is stored, here or in the state itself."""
+        records = [
+            ArchiveRecord(f.outcome, attempt.commit_id, self._inline(f.job))
+            for f in attempt.finished
+        ]
+        plan = plan_archive(
+            doc.archive_tail, records, attempt.commit_id, now, self.archive_tail_bytes
+        )
+        doc.archive_tail = plan.tail
+        self._tail_bytes = plan.tail_bytes
+        for planned, held in plan.objects:
+            content = [(r.outcome, r.job.id) for r in held]
+            key = self._spare_holding(content) or planned
+            if not self._reuse(key, attempt):
+                self.store.write(key, encode_archive(held), if_absent=True)
+                self._wrote(attempt, key, content)
+                self.metrics.archive_writes += 1
 
     def _after_write(self, state: QueueState) -> None:
         """Forget and delete what the landed commit freed, and plan what comes next."""
@@ -917,7 +931,8 @@ class Engine:
         """Whether this commit's large payloads may stay in the state: it stays under
         ``inline_state_bytes`` with them (as of its last size: close enough, and free)."""
         added = sum(len(job.body) for job in state.new_bodies)
-        return self._state_bytes + added <= self.inline_state_bytes
+        # The archive tail is not the state's to spend: it leaves for an object when it fills.
+        return self._state_bytes - self._tail_bytes + added <= self.inline_state_bytes
 
     def _write_runs(self, state: QueueState, attempt: _Attempt) -> None:
         """Merge small runs and spill (when on), and write the runs this commit made: before

@@ -35,6 +35,9 @@ from objq_broker.errors import PreconditionFailed, StateCorrupt
 from objq_broker.model.records import StateDoc
 from objq_broker.storage.base import Blob, ObjectStore
 
+#: The state object's key under the store's prefix.
+STATE_KEY = "state.json"
+
 log = logging.getLogger("objq_broker.engine")
 
 #: The marker a namespace's first commit writes beside its state (``state.json``; an engine

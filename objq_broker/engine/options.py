@@ -19,6 +19,7 @@ ENGINE_OPTIONS = frozenset(
     {
         "key",
         "archive",
+        "archive_tail_bytes",
         "max_batch_ops",
         "max_batch_bytes",
         "linger_seconds",
@@ -78,6 +79,7 @@ class EngineLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     key: Identifier | UnsetType = UNSET
     archive: bool | UnsetType = UNSET
+    archive_tail_bytes: Size | UnsetType = UNSET  # 0: an archive object for every commit
     max_batch_ops: Count | UnsetType = UNSET
     max_batch_bytes: Count | UnsetType = UNSET
     linger_seconds: Seconds | UnsetType = UNSET

@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from objq_broker.engine.bodies import BodyCache
-from objq_broker.engine.commit import STATE_KEY
-from objq_broker.engine.guard import StateGuard
+from objq_broker.engine.guard import STATE_KEY, StateGuard
 from objq_broker.engine.runs import read_into, read_runs
 from objq_broker.errors import StorageError
 from objq_broker.model.records import (
+    ArchiveRecord,
     BrokerRecord,
     Job,
     JobState,
@@ -75,6 +75,13 @@ class Snapshot:
     def version(self) -> int:
         """How many commits made this state (0: none yet)."""
         return self._state.doc.version
+
+    @property
+    def archive_tail(self) -> list[ArchiveRecord]:
+        """The newest archive records, kept in the state until they fill an object
+        (:mod:`~objq_broker.engine.archive`), oldest first."""
+        tail = self._state.doc.archive_tail
+        return [] if tail is None else list(tail.records)
 
     @property
     def committed_at(self) -> float | None:

@@ -22,11 +22,13 @@ from objq_broker.errors import StateCorrupt
 from objq_broker.model.checks import UNDECODABLE, Attempts, PositiveSeconds, WriteRate
 
 #: The state format this code writes while no queue has runs (``docs/segments.md``); a state
-#: with runs is written as format 2, which older releases refuse rather than overwrite. Any
-#: other format is refused, never rewritten.
+#: with runs is written as format 2, and one that holds an archive tail as format 3: each is
+#: what older releases refuse rather than overwrite (a release before the tail would drop
+#: its records). Any other format is refused, never rewritten.
 FORMAT_VERSION = 1
 RUNS_FORMAT_VERSION = 2
-READABLE_FORMATS = (FORMAT_VERSION, RUNS_FORMAT_VERSION)
+TAIL_FORMAT_VERSION = 3
+READABLE_FORMATS = (FORMAT_VERSION, RUNS_FORMAT_VERSION, TAIL_FORMAT_VERSION)
 #: How many commit ids the state remembers for resolving ambiguous writes.
 RECENT_COMMITS = 64
 #: How long the state remembers a broker client's last request (to apply a resent one once).
@@ -200,6 +202,23 @@ class KeyRunRef(msgspec.Struct, kw_only=True, array_like=True):
     expires: float
 
 
+class ArchiveRecord(msgspec.Struct, omit_defaults=True):
+    """One finished or dead-lettered job, as a line of an archive object."""
+
+    outcome: Outcome
+    commit_id: str
+    job: Job
+
+
+class ArchiveTail(msgspec.Struct, kw_only=True):
+    """The newest archive records, kept in the state until they are worth an object of their
+    own (``engine.archive``): all of them committed in the UTC hour of ``since``, the commit
+    time of the first, which names the hour folder they are written to."""
+
+    since: float
+    records: list[ArchiveRecord]
+
+
 class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The whole state of one namespace, as stored. ``format`` has no default, so it is
     always written, and a JSON object without it is not taken for an empty state."""
@@ -237,10 +256,19 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: Lease holders whose leases ran out, with when the last one did (``model.workers``):
     #: shown as gone for a while, then dropped.
     gone: dict[str, float] = msgspec.field(default_factory=dict)
+    #: The newest archive records, not yet written to an archive object (format 3 only).
+    archive_tail: ArchiveTail | None = None
 
     def has_runs(self) -> bool:
         """Whether anything is kept out of the head (the state then needs format 2)."""
         return bool(self.runs or self.dead_runs or self.key_runs)
+
+    def needed_format(self) -> int:
+        """The oldest format that can hold this state: older releases refuse what they
+        would otherwise overwrite without the parts they do not know."""
+        if self.archive_tail is not None:
+            return TAIL_FORMAT_VERSION
+        return RUNS_FORMAT_VERSION if self.has_runs() else FORMAT_VERSION
 
     def run_keys(self) -> set[str]:
         """The keys of every run this state refers to, of every kind."""
@@ -248,14 +276,6 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
         refs += [r for runs in self.dead_runs.values() for r in runs]
         refs += [r for runs in self.key_runs.values() for r in runs]
         return {ref.key for ref in refs}
-
-
-class ArchiveRecord(msgspec.Struct, omit_defaults=True):
-    """One finished or dead-lettered job, as a line of an archive object."""
-
-    outcome: Outcome
-    commit_id: str
-    job: Job
 
 
 _encoder = msgspec.json.Encoder()
@@ -287,10 +307,11 @@ def decode_state(data: bytes, where: str, max_bytes: int = DEFAULT_MAX_STATE_BYT
         raise StateCorrupt(_corrupt_message(where, _describe_format(data), str(exc))) from exc
     if doc.format not in READABLE_FORMATS:
         raise StateCorrupt(_corrupt_message(where, f"format {doc.format!r}", "unknown format"))
-    if doc.has_runs() and doc.format != RUNS_FORMAT_VERSION:
-        raise StateCorrupt(
-            _corrupt_message(where, f"format {doc.format} with runs", "runs need format 2")
-        )
+    needed = doc.needed_format()
+    if doc.format < needed:
+        what = "an archive tail" if doc.archive_tail is not None else "runs"
+        found = f"format {doc.format} with {what}"
+        raise StateCorrupt(_corrupt_message(where, found, f"{what} need format {needed}"))
     return doc
 
 
@@ -367,7 +388,7 @@ _NULLABLE_FIELDS = _nullable_fields()
 
 def _corrupt_message(where: str, found: str, detail: str) -> str:
     return (
-        f"{where}: expected an objq state of format {FORMAT_VERSION} or {RUNS_FORMAT_VERSION}, "
+        f"{where}: expected an objq state of format {', '.join(map(str, READABLE_FORMATS))}, "
         f"found {found} ({detail}); "
         "it will not be overwritten: restore it from a backup or move it aside"
     )

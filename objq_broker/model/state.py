@@ -38,7 +38,6 @@ from objq_broker.model.checks import (
 )
 from objq_broker.model.records import (
     FORMAT_VERSION,
-    RUNS_FORMAT_VERSION,
     Job,
     JobState,
     KeyRecord,
@@ -1446,7 +1445,7 @@ class QueueState:
         return entries
 
     def to_doc(self) -> StateDoc:
-        self.doc.format = RUNS_FORMAT_VERSION if self.doc.has_runs() else FORMAT_VERSION
+        self.doc.format = self.doc.needed_format()
         self.doc.jobs = list(self.jobs.values())
         self.doc.dead = list(self.dead.values())
         return self.doc
@@ -1463,7 +1462,7 @@ class QueueState:
                 raw[job_id] = msgspec.Raw(_job_encoder.encode(job))
         self._stale.clear()
         doc = self.doc
-        doc.format = RUNS_FORMAT_VERSION if doc.has_runs() else FORMAT_VERSION
+        doc.format = doc.needed_format()
         # msgspec encodes what a field holds: Raw fragments splice in as they are, so a deep
         # queue costs a copy, not a Python loop. ``raw`` holds exactly the live jobs (in its own
         # order; the order of jobs in the document carries no meaning).

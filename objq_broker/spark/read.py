@@ -7,7 +7,8 @@ Tables (option ``table``):
   backlog, ``docs/segments.md``) are read by the executors, ``runs_per_partition`` at a time.
 * ``dead``: the dead letters in the state now, read the same way.
 * ``archive``: finished and dead-lettered jobs from ``archive/YYYY/MM/DD/HH/*.jsonl``, one Spark
-  partition per group of ``objects_per_partition`` archive objects.
+  partition per group of ``objects_per_partition`` archive objects, and one for the newest
+  records, which the state keeps in its archive tail until they fill an object.
 
 Filters pushed down (they show as ``PushedFilters`` in ``explain("formatted")``): equality or
 ``IN`` on ``queue``, and comparisons on ``finished_at``. A time range on the archive lists only
@@ -41,12 +42,12 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from objq_broker.engine.archive import archive_keys, read_archive
+from objq_broker.engine.archive import archive_keys, read_archive, read_tail, record_id
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.snapshot import Snapshot, run_rows
 from objq_broker.errors import ConfigurationError, ObjqError
 from objq_broker.model.messages import describe
-from objq_broker.model.records import Job, JobState, RunRef
+from objq_broker.model.records import ArchiveRecord, Job, JobState, RunRef
 from objq_broker.storage import ObjectStore, open_store
 
 #: The tables this source reads.
@@ -131,6 +132,10 @@ class ObjqPartition(InputPartition):
     driver read it (``head``), or runs it referred to then (``runs``, read at ``read_at``)."""
 
     keys: list[str] = field(default_factory=list)
+    #: Records of the state's archive tail, read by the driver before it listed ``keys``; a
+    #: partition of objects skips those (one written out meanwhile holds them too).
+    tail: list[ArchiveRecord] = field(default_factory=list)
+    in_tail: set[tuple[str, str, str]] = field(default_factory=set)
     head: list[tuple[JobState, Job]] = field(default_factory=list)
     runs: list[tuple[str, RunRef]] = field(default_factory=list)
     read_at: float = 0.0
@@ -215,13 +220,18 @@ class ObjqReader(DataSourceReader):
             if self.table != "archive":
                 return self._state_partitions(Snapshot.read(store))
             since, until = self.bounds.listing_range()
+            tail = read_tail(store)  # before the listing (see engine.archive)
             keys = archive_keys(store, since, until)
         finally:
             store.close()
         size = self.objects_per_partition
         groups = [keys[i : i + size] for i in range(0, len(keys), size)]
+        in_tail = {record_id(record) for record in tail}
+        parts = [ObjqPartition(group, in_tail=in_tail) for group in groups]
+        if tail:
+            parts.append(ObjqPartition(tail=tail))
         # An empty archive still needs one (empty) partition to answer with no rows.
-        return [ObjqPartition(group) for group in groups] or [ObjqPartition(["-"])]
+        return parts or [ObjqPartition(["-"])]
 
     def _state_partitions(self, snapshot: Snapshot) -> list[ObjqPartition]:
         """The head's rows on one partition, the runs on the others: every part comes from
@@ -246,23 +256,30 @@ class ObjqReader(DataSourceReader):
         store = open_store(self.url)
         try:
             rows = _RowBuilder(self.queues, self.bounds)
-            if self.table == "archive":
-                for key in partition.keys:
-                    if key == "-":
-                        continue
-                    for record in read_archive(store, key):
-                        rows.add(record.outcome, record.job, store)
-                        if rows.full():
-                            yield rows.flush()
-            else:
-                for state, job in _state_rows(store, partition):
-                    rows.add(state, job, store)
-                    if rows.full():
-                        yield rows.flush()
+            found = (
+                _archive_rows(store, partition)
+                if self.table == "archive"
+                else _state_rows(store, partition)
+            )
+            for state, job in found:
+                rows.add(state, job, store)
+                if rows.full():
+                    yield rows.flush()
             if rows.count or not rows.flushed:
                 yield rows.flush()
         finally:
             store.close()
+
+
+def _archive_rows(store: ObjectStore, partition: ObjqPartition) -> Iterator[tuple[str, Job]]:
+    for key in partition.keys:
+        if key == "-":
+            continue
+        for record in read_archive(store, key):
+            if record_id(record) not in partition.in_tail:
+                yield record.outcome, record.job
+    for record in partition.tail:
+        yield record.outcome, record.job
 
 
 def _state_rows(store: ObjectStore, partition: ObjqPartition) -> Iterator[tuple[JobState, Job]]:

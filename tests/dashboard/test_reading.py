@@ -7,17 +7,22 @@ import base64
 import json
 import pickle
 
+import pytest
+
 from objq_broker import Queue
 from objq_broker.dashboard.decode import decode_message, show_payload
-from objq_broker.dashboard.reading import search_archive
+from objq_broker.dashboard.reading import read_archived_job, search_archive
+from objq_broker.engine.archive import DEFAULT_ARCHIVE_TAIL_BYTES, TAIL_KEY
 from objq_broker.model.messages import celery_message
 from objq_broker.storage import MemoryStore
 
 
-def test_archive_pages_follow_one_another_without_gaps_or_repeats() -> None:
+# An object for every commit; one for every few (the newest in the state's tail); only the tail
+@pytest.mark.parametrize("tail_bytes", [0, 700, DEFAULT_ARCHIVE_TAIL_BYTES])
+def test_archive_pages_follow_one_another_without_gaps_or_repeats(tail_bytes: int) -> None:
     # Given 7 jobs of one queue finished in 7 commits, and one of another queue
-    store = MemoryStore("archive-pages")
-    with Queue(store=store, broker="off") as queue:
+    store = MemoryStore(f"archive-pages-{tail_bytes}")
+    with Queue(store=store, broker="off", archive_tail_bytes=tail_bytes) as queue:
         finished = []
         for n in range(7):
             queue.enqueue("mail", b"%d" % n)
@@ -43,6 +48,13 @@ def test_archive_pages_follow_one_another_without_gaps_or_repeats() -> None:
     # Then every job came once (newest hour first; one hour's objects in the order of their keys)
     assert len(seen) == len(set(seen)) == 7
     assert set(seen) == set(finished)
+    # and each one's page finds it where its row said it was: in the tail while it holds any
+    rows = search_archive(store, queue=None, since=None, until=None, cursor=None, page_size=10)
+    for row in rows.rows:
+        detail = read_archived_job(store, row.key, row.job.id)
+        assert detail is not None and detail.job.id == row.job.id
+        assert detail.in_tail == (row.key == TAIL_KEY)
+    assert any(row.key == TAIL_KEY for row in rows.rows) == (tail_bytes > 0)
 
 
 def test_a_celery_body_that_is_not_json_is_never_unpickled() -> None:

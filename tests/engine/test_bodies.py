@@ -12,9 +12,10 @@ import pytest
 
 from objq_broker import ConfigurationError, Queue, StateCorrupt, ops
 from objq_broker.engine import STATE_KEY
+from objq_broker.engine.archive import iter_archive
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.model.bodies import BODIES_PREFIX, INLINE_MAX_BYTES, encode_bodies
-from objq_broker.model.records import decode_archive, decode_state
+from objq_broker.model.records import decode_state
 from objq_broker.storage import MemoryStore, open_store
 
 BIG = b"B" * (INLINE_MAX_BYTES + 1)
@@ -42,7 +43,7 @@ def test_large_payloads_leave_the_state_and_come_back_on_claim(tmp_path: Path) -
         for delivery in deliveries:
             consumer.ack(delivery)
     assert store.list(BODIES_PREFIX) == []  # the last reference went: the object is deleted
-    records = [r for key in store.list("archive/") for r in decode_archive(store.get(key), key)]
+    records = list(iter_archive(store))
     assert sorted(r.job.payload for r in records) == sorted(d.payload for d in deliveries)
     assert all(r.job.ref is None for r in records)
 

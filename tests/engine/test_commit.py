@@ -9,9 +9,10 @@ import pytest
 
 from objq_broker import Queue, ops
 from objq_broker.engine import STATE_KEY, Engine
+from objq_broker.engine.archive import iter_archive
 from objq_broker.errors import LeaseLost, QueueNotFound, StateCorrupt, StorageError
 from objq_broker.model.ops import Declare
-from objq_broker.model.records import decode_archive, decode_state
+from objq_broker.model.records import decode_state
 from objq_broker.storage import MemoryStore, open_store
 from objq_broker.storage.faulty import FaultyStore
 
@@ -178,8 +179,7 @@ def test_finished_jobs_are_archived_before_leaving_the_state() -> None:
         first, second = queue.claim("q", 2)
         queue.ack(first)
         queue.nack(second, error="boom")
-    keys = store.list("archive/")
-    records = [r for key in keys for r in decode_archive(store.get(key), key)]
+    records = list(iter_archive(store))
     assert sorted((r.outcome, r.job.payload) for r in records) == [
         ("dead", b"bad"),
         ("done", b"ok"),

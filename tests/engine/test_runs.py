@@ -5,7 +5,6 @@ listing reads them, and a run missing from storage is reported, never written ov
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,14 +14,16 @@ import pytest
 from objq_broker import Queue, ops
 from objq_broker.broker.elected import ElectedCommitter
 from objq_broker.engine import Engine
-from objq_broker.engine.commit import RUN_CACHE_SIZE, STATE_KEY
+from objq_broker.engine.commit import RUN_CACHE_SIZE
+from objq_broker.engine.guard import STATE_KEY
 from objq_broker.engine.runs import MERGE_AT
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ConfigurationError, StateCorrupt
 from objq_broker.model.ops import DeadLetters, Expire, FindJob
-from objq_broker.model.records import Job, RunRef, StateDoc, decode_state
+from objq_broker.model.records import TAIL_FORMAT_VERSION, Job, RunRef, StateDoc, decode_state
 from objq_broker.storage import MemoryStore, ObjectStore, open_store
 from objq_broker.storage.faulty import FaultyStore
+from tests.support.releases import ENQUEUE_ONE, check_out, run_under
 
 JOBS = 23
 BOUND = 5
@@ -68,7 +69,8 @@ def test_runs_keep_claim_order_and_are_deleted_once_consumed(store: ObjectStore)
         engine.flush()
     finally:
         engine.close()
-    assert head(store) == (1, 0, 0)
+    # No run is left: the state holds only the acks' archive records (format 3, not 2)
+    assert head(store) == (TAIL_FORMAT_VERSION, 0, 0)
     assert store.list("runs/") == [], "a consumed run was left behind"
 
 
@@ -185,39 +187,14 @@ BEFORE_RUNS = "c25c4cb"
 
 def test_an_earlier_release_refuses_a_state_with_runs_and_leaves_it(tmp_path: Path) -> None:
     """The release before runs, checked out from this repository's history, run for real."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        archive = subprocess.run(
-            ["git", "-C", str(root), "archive", BEFORE_RUNS, "objq_broker"],
-            capture_output=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"no git history to check the earlier release out of: {exc}")
-    earlier = tmp_path / "earlier"
-    earlier.mkdir()
-    subprocess.run(["tar", "-x", "-C", str(earlier)], input=archive, check=True)
+    earlier = check_out(BEFORE_RUNS, tmp_path)
     store = open_store((tmp_path / "store").as_uri())
     engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS)
     enqueue_one_by_one(engine)
     engine.close()
     before = store.read(STATE_KEY)
     assert before is not None and head(store)[0] == 2
-    script = (
-        "import sys\n"
-        "from objq_broker import Queue\n"
-        "with Queue(sys.argv[1], broker='off') as q:\n"
-        "    q.enqueue('q', b'from the earlier release')\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script, (tmp_path / "store").as_uri()],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(earlier)},
-        cwd=earlier,  # ``python -c`` imports from its working directory first
-        timeout=120,
-        check=False,
-    )
+    done = run_under(earlier, ENQUEUE_ONE, (tmp_path / "store").as_uri())
     assert done.returncode != 0, done.stdout
     assert str(earlier) in done.stderr, "the earlier release was not the one run"
     assert "expected an objq state of format 1, found format 2" in done.stderr, done.stderr

@@ -286,6 +286,27 @@ def test_filters_on_queue_and_time_are_pushed_down(spark: Any, tmp_path: Path) -
     assert archive().count() == 60
 
 
+def test_the_archive_table_reads_the_state_tail_once(spark: Any, tmp_path: Path) -> None:
+    url = (tmp_path / "store").as_uri()
+    with Queue(url) as queue:  # two records in an object, then three in the state's tail
+        for payloads in ([b"a" * 9_000, b"b" * 9_000], [b"c", b"d", b"e"]):
+            queue.enqueue_many("q", payloads)
+            for delivery in queue.claim("q", len(payloads)):
+                queue.ack(delivery)
+            queue.flush()
+    store = open_store(url)
+    try:
+        tail = Snapshot.read(store).archive_tail
+        assert [r.job.payload for r in tail] == [b"c", b"d", b"e"]
+        # a writer that wrote the tail out and died before its state write landed
+        store.put(archive_key("died", time.time()), encode_archive(tail))
+    finally:
+        store.close()
+    archive = _jobs(spark, url, "archive")
+    assert sorted(r.payload[:1] for r in archive.collect()) == [b"a", b"b", b"c", b"d", b"e"]
+    assert archive.rdd.getNumPartitions() == 2  # the objects, and the tail
+
+
 def _with_runs(url: str) -> Engine:
     """A namespace whose backlog, delayed jobs and dead letters are mostly in runs: 60 ready
     jobs, 15 delayed, 12 dead letters and 3 in flight, past a bound of 5 in runs of 10."""

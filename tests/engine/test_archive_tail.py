@@ -1,0 +1,186 @@
+"""The archive tail: the newest archive records ride in the state until they fill an object."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from objq_broker import Queue
+from objq_broker.engine import STATE_KEY
+from objq_broker.engine.archive import (
+    archive_key,
+    archive_keys,
+    iter_archive,
+    key_hour,
+    read_archive,
+    read_tail,
+)
+from objq_broker.errors import StateCorrupt
+from objq_broker.model.records import (
+    FORMAT_VERSION,
+    TAIL_FORMAT_VERSION,
+    decode_state,
+    encode_archive,
+)
+from objq_broker.storage import MemoryStore, open_store
+from tests.support.releases import ENQUEUE_ONE, check_out, run_under
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _finish(queue: Queue, payloads: list[bytes]) -> None:
+    """Enqueue, claim and ack ``payloads``, one commit each way."""
+    queue.enqueue_many("q", payloads)
+    for delivery in queue.claim("q", len(payloads)):
+        queue.ack(delivery)
+    queue.flush()
+
+
+def _archived(store: MemoryStore) -> list[bytes]:
+    return [record.job.payload for record in iter_archive(store)]
+
+
+def _format(store: MemoryStore) -> int:
+    return decode_state(store.get(STATE_KEY), "state").format
+
+
+def test_acks_ride_in_the_state_until_their_records_fill_an_object() -> None:
+    store = MemoryStore("tail-fills")
+    with Queue(store=store, archive_tail_bytes=2_000) as queue:
+        # Given acks whose records stay under the tail's size
+        _finish(queue, [b"a", b"b"])
+        _finish(queue, [b"c"])
+        # Then no archive object was written; their records are in the state, format 3
+        assert archive_keys(store) == []
+        assert [r.job.payload for r in read_tail(store)] == [b"a", b"b", b"c"]
+        assert _format(store) == TAIL_FORMAT_VERSION
+        assert queue.metrics().archive_writes == 0
+        assert _archived(store) == [b"a", b"b", b"c"]
+
+        # When more acks bring the tail past its size
+        sent = [bytes([65 + n]) * 100 for n in range(20)]
+        for payload in sent:
+            _finish(queue, [payload])
+            if archive_keys(store):
+                break
+        # Then one object holds everything the tail held, and the state is back to format 1
+        [key] = archive_keys(store)
+        written = [r.job.payload for r in read_archive(store, key)]
+        assert written[:3] == [b"a", b"b", b"c"] and len(written) > 3
+        assert read_tail(store) == [] and _format(store) == FORMAT_VERSION
+        # and every finished job is read back once, in the order it finished
+        _finish(queue, [b"after"])
+        assert _archived(store) == [*written, b"after"]
+
+
+def test_a_tail_from_an_earlier_hour_goes_to_its_own_hour_folder() -> None:
+    store = MemoryStore("tail-hours")
+    ten = datetime(2026, 3, 5, 10, 30, tzinfo=UTC).timestamp()
+    clock = Clock(ten)
+    with Queue(store=store, clock=clock) as queue:
+        _finish(queue, [b"at ten"])
+        assert archive_keys(store) == []
+        # When a job finishes in the next hour
+        clock.now = ten + 3600
+        _finish(queue, [b"at eleven"])
+        # Then the ten o'clock record was written to the ten o'clock folder, the other waits
+        [key] = archive_keys(store)
+        assert key_hour(key) == datetime(2026, 3, 5, 10, tzinfo=UTC)
+        assert [r.job.payload for r in read_archive(store, key)] == [b"at ten"]
+        assert [r.job.payload for r in read_tail(store)] == [b"at eleven"]
+        # and a range read finds each in its own hour
+        found = iter_archive(store, ten, ten + 1800)
+        assert [r.job.payload for r in found] == [b"at ten"]
+        found = iter_archive(store, ten + 1800)
+        assert [r.job.payload for r in found] == [b"at eleven"]
+
+
+def test_a_tail_written_out_by_a_commit_that_never_landed_is_read_once() -> None:
+    store = MemoryStore("tail-crash")
+    with Queue(store=store) as queue:
+        _finish(queue, [b"a", b"b"])
+    # Given a writer that wrote the tail out and died before its state write landed
+    tail = read_tail(store)
+    store.put(archive_key("died", tail[0].job.finished_at or 0.0), encode_archive(tail))
+    # Then a reader still sees each job once
+    assert _archived(store) == [b"a", b"b"]
+    # and so does it after the next writer wrote the tail out for good
+    with Queue(store=store, archive_tail_bytes=1) as queue:
+        _finish(queue, [b"c"])
+    # (its next commit wrote the tail out, the ack after it its own record)
+    assert read_tail(store) == []
+    written = [key for key in archive_keys(store) if not key.endswith("/died.jsonl")]
+    assert sorted(r.job.payload for key in written for r in read_archive(store, key)) == [
+        b"a",
+        b"b",
+        b"c",
+    ]
+    # (an object a dead writer left can hold jobs twice; counting readers count ids)
+    assert sorted({r.job.id: r.job.payload for r in iter_archive(store)}.values()) == [
+        b"a",
+        b"b",
+        b"c",
+    ]
+
+
+def test_archive_tail_bytes_0_writes_an_object_for_every_commit() -> None:
+    store = MemoryStore("tail-off")
+    with Queue(store=store, archive_tail_bytes=0) as queue:
+        _finish(queue, [b"a"])
+        _finish(queue, [b"b"])
+        assert queue.metrics().archive_writes == 2
+    assert len(archive_keys(store)) == 2 and read_tail(store) == []
+    assert _format(store) == FORMAT_VERSION
+
+
+def test_a_tail_in_a_state_of_an_older_format_is_refused() -> None:
+    store = MemoryStore("tail-format")
+    with Queue(store=store) as queue:
+        _finish(queue, [b"a"])
+    doc = msgspec.json.decode(store.get(STATE_KEY))
+    doc["format"] = 2  # what a release before the tail would write: it would drop it
+    with pytest.raises(StateCorrupt, match=r"format 2 with an archive tail .*need format 3"):
+        decode_state(msgspec.json.encode(doc), "state")
+
+
+def test_the_tail_leaves_room_for_payloads_kept_in_the_state() -> None:
+    store = MemoryStore("tail-room")
+    with Queue(store=store, inline_state_bytes=4_000, archive_tail_bytes=3_000) as queue:
+        _finish(queue, [b"x" * 1_000, b"y" * 1_000])  # a tail of over 2,000 bytes
+        assert archive_keys(store) == [] and len(read_tail(store)) == 2
+        # A payload that fits beside the rest of the state stays in it, tail or no tail
+        queue.enqueue("q", b"z" * 1_500)
+        queue.flush()
+    [job] = decode_state(store.get(STATE_KEY), "state").jobs
+    assert job.ref is None and job.payload == b"z" * 1_500
+
+
+#: The last commit of the project before states with an archive tail (format 3) existed.
+BEFORE_TAIL = "017b2dc"
+
+
+def test_an_earlier_release_refuses_a_state_with_a_tail_and_leaves_it(tmp_path: Path) -> None:
+    """The release before the tail would drop its records: it refuses the state instead."""
+    earlier = check_out(BEFORE_TAIL, tmp_path)
+    url = (tmp_path / "store").as_uri()
+    with Queue(url) as queue:
+        _finish(queue, [b"a"])
+    store = open_store(url)
+    before = store.get(STATE_KEY)
+    assert decode_state(before, "state").format == TAIL_FORMAT_VERSION
+    done = run_under(earlier, ENQUEUE_ONE, url)
+    assert done.returncode != 0, done.stdout
+    assert str(earlier) in done.stderr, "the earlier release was not the one run"
+    assert "expected an objq state of format 1 or 2, found format 3" in done.stderr, done.stderr
+    assert store.get(STATE_KEY) == before
