@@ -74,12 +74,16 @@ def plan_archive(
     commit_id: str,
     now: float,
     tail_bytes: int = DEFAULT_ARCHIVE_TAIL_BYTES,
-) -> ArchivePlan:
+) -> ArchivePlan | None:
     """Where commit ``commit_id`` at ``now`` puts ``records``: in the state's tail, or, with
     the tail, in an object once they reach ``tail_bytes``. A tail from an earlier hour is
-    written out first, to its own hour's folder, so an object never spans two hours."""
+    written out first, to its own hour's folder, so an object never spans two hours. None:
+    nothing to do, the tail stays as it is (a commit that finishes no job, within its hour)."""
+    same_hour = tail is not None and floor_hour(tail.since) == floor_hour(now)
+    if not records and (tail is None or (same_hour and tail_bytes > 0)):
+        return None
     objects: list[tuple[str, list[ArchiveRecord]]] = []
-    if tail is not None and floor_hour(tail.since) != floor_hour(now):
+    if tail is not None and not same_hour:
         objects.append((archive_key(commit_id, tail.since), tail.records))
         tail = None
     held = [*(tail.records if tail is not None else []), *records]

@@ -872,6 +872,8 @@ class Engine:
         plan = plan_archive(
             doc.archive_tail, records, attempt.commit_id, now, self.archive_tail_bytes
         )
+        if plan is None:
+            return
         doc.archive_tail = plan.tail
         self._tail_bytes = plan.tail_bytes
         for planned, held in plan.objects:

@@ -15,6 +15,7 @@ from objq_broker.engine.archive import (
     archive_keys,
     iter_archive,
     key_hour,
+    plan_archive,
     read_archive,
     read_tail,
 )
@@ -22,6 +23,9 @@ from objq_broker.errors import StateCorrupt
 from objq_broker.model.records import (
     FORMAT_VERSION,
     TAIL_FORMAT_VERSION,
+    ArchiveRecord,
+    ArchiveTail,
+    Job,
     decode_state,
     encode_archive,
 )
@@ -104,6 +108,37 @@ def test_a_tail_from_an_earlier_hour_goes_to_its_own_hour_folder() -> None:
         assert [r.job.payload for r in found] == [b"at ten"]
         found = iter_archive(store, ten + 1800)
         assert [r.job.payload for r in found] == [b"at eleven"]
+
+
+def _record(job_id: str, at: float) -> ArchiveRecord:
+    job = Job(id=job_id, queue="q", body="x", seq=1, enqueued_at=at, visible_at=at,
+              max_attempts=1, finished_at=at)  # fmt: skip
+    return ArchiveRecord("done", f"c-{job_id}", job)
+
+
+def test_what_a_commit_does_with_the_records_of_the_jobs_it_finishes() -> None:
+    ten = datetime(2026, 3, 5, 10, 30, tzinfo=UTC).timestamp()
+    one = [_record("a", ten)]
+    tail = ArchiveTail(since=ten, records=one)
+    # Nothing finished: nothing to do, within the tail's hour, or with no tail
+    assert plan_archive(None, [], "c", ten) is None
+    assert plan_archive(tail, [], "c", ten + 60) is None
+    # A small record joins the tail
+    plan = plan_archive(tail, [_record("b", ten + 60)], "c", ten + 60)
+    assert plan is not None and plan.objects == [] and plan.tail is not None
+    assert [r.job.id for r in plan.tail.records] == ["a", "b"] and plan.tail.since == ten
+    # The next hour writes the tail out to its own hour, even with nothing new
+    plan = plan_archive(tail, [], "c", ten + 3600)
+    assert plan is not None and plan.tail is None
+    assert plan.objects == [(archive_key("c", ten), one)]
+    # Past the size, the tail and the new records go out together
+    big = [_record("big", ten + 60)]
+    plan = plan_archive(tail, big, "c", ten + 60, tail_bytes=len(encode_archive(one + big)))
+    assert plan is not None and plan.tail is None
+    assert plan.objects == [(archive_key("c", ten), one + big)]
+    # and with no tail at all, every commit that finishes jobs writes an object
+    plan = plan_archive(None, big, "c", ten + 60, tail_bytes=0)
+    assert plan is not None and plan.objects == [(archive_key("c", ten + 60), big)]
 
 
 def test_a_tail_written_out_by_a_commit_that_never_landed_is_read_once() -> None:
