@@ -22,8 +22,9 @@ finished just before an hour boundary can sit in the next hour's folder. Readers
 take one extra hour at the end of a range and filter records by ``finished_at``.
 
 A process that crashes between writing an archive object and writing the state leaves an
-object whose jobs are still in the state; they are archived again when they finish, so an
-archive can hold the same job more than once. Readers that count should count distinct ids.
+object whose records are still in the state (its jobs, not yet finished there, or its tail);
+they are archived again, so an archive can hold the same job more than once. Readers that
+count should count distinct ids.
 """
 
 from __future__ import annotations
