@@ -57,6 +57,8 @@ def status_dict(snap: Snapshot) -> dict[str, Any]:
         "read_at": snap.read_at,
         "broker": _broker_dict(snap),
         "write_budget": snap.write_budget,
+        # Finished jobs whose records the state still holds (``objq archive list``).
+        "archive_tail_records": len(snap.archive_tail),
         "queues": queues,
     }
 
@@ -103,6 +105,11 @@ def status_text(status: dict[str, Any]) -> str:
         )
     if status.get("write_budget") is not None:
         head += f"\nwrite budget: at most {status['write_budget']:g} state writes per second"
+    if status.get("archive_tail_records"):
+        head += (
+            f"\narchive tail: {status['archive_tail_records']:,} finished jobs kept in the "
+            "state until they fill an archive object"
+        )
     if not rows:
         return head + "\nno queues declared"
     headers = ["QUEUE", "READY", "DELAYED", "IN FLIGHT", "DEAD", "OLDEST READY"]

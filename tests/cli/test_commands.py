@@ -189,6 +189,8 @@ def test_archive_list_and_cat(objq: Objq, file_url: str) -> None:
     assert (tail["key"], tail["tail_records"]) == ("state.json", 2)
     shown = objq("archive", "list", "--since", "1h", url=file_url).stdout
     assert "state.json" in shown and "the state's tail: 2 records" in shown
+    assert objq("status", "--json", url=file_url).json()["archive_tail_records"] == 2
+    assert "archive tail: 2 finished jobs" in objq("status", url=file_url).stdout
     records = objq("archive", "cat", "--since", "1h", "--queue", "arch", url=file_url)
     assert records.code == 0, records.stderr
     outcomes = sorted(
