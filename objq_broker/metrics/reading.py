@@ -47,6 +47,8 @@ class StoreReading:
     broker_registered: bool
     active_clients: int
     queues: list[QueueReading]
+    #: Finished jobs whose archive records the state still holds (``engine.archive``).
+    archive_tail_records: int = 0
 
     @property
     def last_commit_age_seconds(self) -> float | None:
@@ -82,4 +84,5 @@ def read_store(store: ObjectStore) -> StoreReading:
         broker_registered=snap.broker is not None,
         active_clients=snap.broker_clients(ACTIVE_CLIENT_SECONDS),
         queues=queues,
+        archive_tail_records=len(snap.archive_tail),
     )

@@ -41,6 +41,11 @@ STATE_COMMITS = Family(
 STATE_SIZE = Family(
     "objq_state_size_bytes", "gauge", "Size of the stored state object.", unit="bytes"
 )
+ARCHIVE_TAIL = Family(
+    "objq_archive_tail_records",
+    "gauge",
+    "Finished jobs whose archive records the state still holds, until they fill an object.",
+)
 LAST_COMMIT = Family(
     "objq_state_last_commit_timestamp_seconds",
     "gauge",
@@ -88,6 +93,7 @@ STATE_FAMILIES = (
     STATE_EXISTS,
     STATE_COMMITS,
     STATE_SIZE,
+    ARCHIVE_TAIL,
     LAST_COMMIT,
     LAST_COMMIT_AGE,
     BROKER_TAKEOVERS,
@@ -151,6 +157,7 @@ def state_families(reading: StoreReading) -> Iterator[Metric]:
     yield STATE_EXISTS.one(1 if reading.exists else 0)
     yield STATE_COMMITS.one(reading.commits)
     yield STATE_SIZE.one(reading.size_bytes)
+    yield ARCHIVE_TAIL.one(reading.archive_tail_records)
     yield LAST_COMMIT.build([] if reading.committed_at is None else [((), reading.committed_at)])
     age = reading.last_commit_age_seconds
     yield LAST_COMMIT_AGE.build([] if age is None else [((), age)])

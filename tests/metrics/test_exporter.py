@@ -81,6 +81,8 @@ def test_scraped_numbers_equal_objq_status(exporter: Exporter, filled_url: str) 
     assert value(families, "objq_state_exists") == before["exists"] == 1
     assert value(families, "objq_state_commits") == before["version"] == after["version"]
     assert value(families, "objq_state_size_bytes") == before["size_bytes"]
+    # (the dead-lettered job's record, which the state keeps until records fill an object)
+    assert value(families, "objq_archive_tail_records") == before["archive_tail_records"] == 1
     committed_at = value(families, "objq_state_last_commit_timestamp_seconds")
     assert committed_at == pytest.approx(before["committed_at"], abs=1e-6)
     age = value(families, "objq_state_last_commit_age_seconds")
