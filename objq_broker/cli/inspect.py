@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -248,25 +249,30 @@ def cmd_archive_list(ctx: Context) -> int:
     since, until = _range(ctx)
     store = ctx.store()
     tail = [r for r in read_tail(store) if finished_within(r, since, until)]
-    rows: list[dict[str, Any]] = [
-        {"key": k, "hour": key_hour(k).isoformat()} for k in archive_keys(store, since, until)
+    # (hour, key, records in the tail: None for an object)
+    rows: list[tuple[datetime, str, int | None]] = [
+        (key_hour(k), k, None) for k in archive_keys(store, since, until)
     ]
     if tail:
-        hour = floor_hour(tail[0].job.finished_at or 0.0).isoformat()
-        rows.append({"key": TAIL_KEY, "hour": hour, "tail_records": len(tail)})
+        rows.append((floor_hour(tail[0].job.finished_at or 0.0), TAIL_KEY, len(tail)))
     if ctx.json:
-        print_json(rows)
+        print_json(
+            [
+                {"key": key, "hour": hour.isoformat()}
+                | ({} if count is None else {"tail_records": count})
+                for hour, key, count in rows
+            ]
+        )
     elif rows:
-        shown = [[f"{r['hour'][:13].replace('T', ' ')}h", r["key"], _tail_note(r)] for r in rows]
+        note = "the state's tail: {} records, not yet an object"
+        shown = [
+            [f"{hour:%Y-%m-%d %H}h", key, "" if count is None else note.format(count)]
+            for hour, key, count in rows
+        ]
         print(table(["HOUR (UTC)", "KEY", ""], shown))
     else:
         print("no archive objects in range")
     return 0
-
-
-def _tail_note(row: dict[str, Any]) -> str:
-    count = row.get("tail_records")
-    return "" if count is None else f"the state's tail: {count} records, not yet an object"
 
 
 def cmd_archive_cat(ctx: Context) -> int:

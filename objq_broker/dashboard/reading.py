@@ -25,6 +25,7 @@ from objq_broker.dashboard.decode import (
 from objq_broker.engine.archive import (
     TAIL_KEY,
     archive_keys,
+    finished_within,
     read_archive,
     read_tail,
     record_id,
@@ -370,7 +371,7 @@ def search_archive(
         matched = [
             r
             for r in reversed(records(key))
-            if (queue is None or r.job.queue == queue) and _within(r.job, since, until)
+            if (queue is None or r.job.queue == queue) and finished_within(r, since, until)
         ]
         for index, record in enumerate(matched[skipping:], skipping):
             if len(rows) == page_size:
@@ -396,11 +397,6 @@ def read_archived_job(store: ObjectStore, key: str, job_id: str) -> JobDetail | 
         archive_key=key,
         commit_id=record.commit_id,
     )
-
-
-def _within(job: Job, since: float | None, until: float | None) -> bool:
-    finished = job.finished_at or 0.0
-    return (since is None or finished >= since) and (until is None or finished < until)
 
 
 def _parse_cursor(cursor: str | None) -> tuple[str | None, int]:
