@@ -240,7 +240,8 @@ class Queue:
         or notice thread and must not block. Returns the function that stops the calls.
 
         An event loop that claims without blocking uses it to claim at once instead of at
-        its next poll. Jobs another process committed directly are only found by polling."""
+        its next poll. Jobs another process committed directly are found by polling, except
+        on a local folder (on Linux), whose writes the kernel reports: those call it too."""
         with self._arrivals:
             self._arrival_listeners.append(listener)
 

@@ -44,7 +44,13 @@ from objq_broker.broker.parking import LANE_STRIDE
 from objq_broker.broker.server import BrokerServer, require_token
 from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.bodies import BodyCache
-from objq_broker.engine.commit import DEFAULT_COMMIT_DEADLINE_SECONDS, Engine, EngineMetrics
+from objq_broker.engine.commit import (
+    DEFAULT_COMMIT_DEADLINE_SECONDS,
+    NOT_READIED,
+    Engine,
+    EngineMetrics,
+    ReadyMark,
+)
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import (
     BrokerTaken,
@@ -131,7 +137,7 @@ class ElectedCommitter:
         self._unreachable_since: float | None = None
         self._last_error: Exception | None = None
         self._used: Target | None = None  # the route the last session took
-        self._readied_seen = (0, -1)  # the leader engine's mark at the last wake-up
+        self._readied_seen: ReadyMark = NOT_READIED  # the leader engine's mark at the last wake-up
         self._readied_notices = 0  # commits known to have made jobs claimable (see readied)
 
     def __repr__(self) -> str:

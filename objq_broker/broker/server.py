@@ -37,7 +37,7 @@ import grpc
 
 from objq_broker.broker import wire
 from objq_broker.broker.parking import ClaimPark
-from objq_broker.engine.commit import Engine
+from objq_broker.engine.commit import NOT_READIED, Engine, ReadyMark
 from objq_broker.errors import ConfigurationError, ObjqError, WriterFenced
 from objq_broker.model.ops import Outcomes, Session
 
@@ -116,7 +116,7 @@ class BrokerServer:
         self.hello = hello or wire.Hello("", "", None)
         self._token = token.encode() if token else None
         self._commits = 0
-        self._readied_seen = (0, -1)
+        self._readied_seen: ReadyMark = NOT_READIED
         self._changed = threading.Condition()
         self._stopping = False
         committer.on_commit(self._committed)

@@ -93,6 +93,7 @@ from objq_broker.model.runs import MAX_RUN_JOBS, RUNS_PREFIX, orphan_runs, run_k
 from objq_broker.model.state import Finished, QueueState
 from objq_broker.model.tally import JOB_EVENTS, job_events
 from objq_broker.storage.base import ObjectStore
+from objq_broker.storage.notify import folder_of, watch_folder
 
 T = TypeVar("T")
 
@@ -130,6 +131,10 @@ DEFAULT_SPILL_AT = 1_000
 #: it too: a bodies object would cost a second write per commit and a read per consumer, more
 #: than the bytes cost while the state is small. Past it, they go out of line (``bodies/``).
 DEFAULT_INLINE_STATE_BYTES = 64 * 1024
+#: What :attr:`Engine.readied` returns: the cached state's identity, the count of jobs it
+#: readied, and the count of writes to it the store reported.
+ReadyMark = tuple[int, int, int]
+NOT_READIED: ReadyMark = (0, -1, 0)
 #: How often an engine whose namespace has runs lists them to delete orphans (one LIST
 #: request per thousand runs on S3 or GCS).
 RUN_SWEEP_SECONDS = 600.0
@@ -292,8 +297,7 @@ class Engine:
         #: Archive finished jobs (False: drop their records), through a tail kept in the state
         #: until it holds this many bytes (``engine.archive``).
         self.archive, self.archive_tail_bytes = archive, archive_tail_bytes
-        self.max_batch_ops = max_batch_ops
-        self.max_batch_bytes = max_batch_bytes
+        self.max_batch_ops, self.max_batch_bytes = max_batch_ops, max_batch_bytes
         self.linger_seconds = linger_seconds
         self.commit_deadline_seconds = commit_deadline_seconds
         self.max_staleness_seconds = max_staleness_seconds
@@ -355,6 +359,29 @@ class Engine:
         self._idle_tick = idle_tick_seconds
         self._lost_against: str | None = None  # the version a conflicting write expected
         self._others_moved = False  # the state changed since that conflict: progress
+        self._watch_state()
+
+    def _watch_state(self) -> None:
+        # Writes to the state the store reported (a local folder does), and how many of them
+        # the cache had seen when it was last read: a claim after a newer one reads again.
+        self._told_changes = self._synced_changes = 0
+        # The only writer learns nothing from reports of its own writes.
+        self._watch = (
+            None if self.exclusive else watch_folder(self.store, folder_of(self.key), self._told)
+        )
+
+    def _told(self, key: str | None) -> None:
+        """The store reported a write under the state's folder (on its own thread): if it
+        was the state, by another process or by this one, claims read it again and claimers
+        look at once instead of at their next poll."""
+        if key is not None and key != self.key:
+            return
+        self._told_changes += 1
+        for listener in self._commit_listeners:
+            try:
+                listener()
+            except Exception:  # the store's thread must go on telling
+                log.exception("a commit listener failed")
 
     def __repr__(self) -> str:
         role = "" if self.epoch is None else f", epoch={self.epoch}"
@@ -419,6 +446,8 @@ class Engine:
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
+        if self._watch is not None:
+            self._watch.close()
         self._janitor.close()
         self.bodies.close()
 
@@ -427,11 +456,14 @@ class Engine:
         return self._closing
 
     @property
-    def readied(self) -> tuple[int, int]:
-        """A mark that changes whenever a commit made jobs claimable (or the state was read
-        again): what tells a broker its waiting claimers have something to look for."""
+    def readied(self) -> ReadyMark:
+        """A mark that changes whenever a commit made jobs claimable, the state was read
+        again, or the store reported a write to it: what tells a broker (or a queue) its
+        waiting claimers have something to look for."""
         state = self._state
-        return (0, -1) if state is None else (id(state), state.readied)
+        if state is None:
+            return (*NOT_READIED[:2], self._told_changes)
+        return (id(state), state.readied, self._told_changes)
 
     def readiness(self, queues: Iterable[str]) -> Readiness:
         """How many jobs each of ``queues`` has had made claimable, and when the next timed
@@ -708,9 +740,14 @@ class Engine:
         )
 
     def _load(self, *, force: bool, fresh: bool, latest: bool = False) -> QueueState:
-        """The cached state, re-read when unknown, forced, asked for, or too old."""
-        stale = time.monotonic() - self._synced_at > self.max_staleness_seconds
-        if self._state is not None and not force and not latest and not (fresh and stale):
+        """The cached state, re-read when unknown, forced, asked for, reported written, or
+        too old."""
+        told = self._told_changes
+        # The store reported a write since the cache was read (maybe this engine's own): a
+        # write from the cache would likely lose its race, so every op reads first.
+        changed = told != self._synced_changes
+        too_old = fresh and time.monotonic() - self._synced_at > self.max_staleness_seconds
+        if self._state is not None and not (force or latest or changed or too_old):
             return self._state
         recheck = time.monotonic() - self._synced_at >= EXCLUSIVE_RECHECK_SECONDS
         if self._state is not None and not force and self.exclusive and not recheck:
@@ -744,7 +781,7 @@ class Engine:
         state.run_contents = self._run_cache
         state.key_contents = self._key_cache
         self._state, self._version = state, version
-        self._synced_at = time.monotonic()
+        self._synced_at, self._synced_changes = time.monotonic(), told
         return state
 
     def _apply(self, state: QueueState, ops: list[_Op]) -> _Attempt | None:

@@ -6,7 +6,8 @@ of its own instead, and anything that may let a message be delivered writes one 
 claim that committed, an ack or reject that opened the prefetch window, a new consumer. The
 loop then calls the transport, which hands out what the window allows without blocking. A
 timer makes the same call so that an empty queue is looked at again (a message another process
-sent is only found by reading) and messages that waited too long for the window are given
+sent directly is found by reading, unless the store is a local folder whose writes the kernel
+reports, which signals the socket too) and messages that waited too long for the window are given
 back. It fires a few milliseconds after a message was handed out, then less and less often
 (:class:`~objq_broker.consume.pacing.Pacer`) until ``polling_interval``: a worker between
 tasks finds the next one at once, an idle one costs one read per interval.

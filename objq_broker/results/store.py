@@ -12,11 +12,13 @@ result), when they were stored, and when they expire. An expired record reads as
 (:class:`~objq_broker.errors.StateCorrupt`, saying what was found where) and never
 overwritten.
 
-Waiting: a process that stores a result wakes its own threads waiting for it at once; results
-stored by other processes are found by reading again, at intervals that start at a few
-milliseconds and grow by a quarter each time to the caller's ``interval``
-(:class:`~objq_broker.consume.pacing.Pacer`): a result that took 100 ms is in hand by about
-125 ms.
+Waiting: a process that stores a result wakes its own threads waiting for it at once. On a
+local folder (on Linux) the kernel reports every other process's write as well
+(:mod:`~objq_broker.storage.notify`), so a waiter wakes when the result is stored, and reads at
+intervals only to make sure. Elsewhere (S3, GCS) results stored by other processes are found
+by reading again, at intervals that start at a few milliseconds and grow by a quarter each
+time to the caller's ``interval`` (:class:`~objq_broker.consume.pacing.Pacer`): a result that
+took 100 ms is in hand by about 125 ms.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from objq_broker.errors import ObjqError, PreconditionFailed, StateCorrupt
 from objq_broker.model.checks import UNDECODABLE
 from objq_broker.storage import ObjectStore
 from objq_broker.storage.base import check_key
+from objq_broker.storage.notify import Subscription, folder_of, watch_folder
 
 #: The record format this code reads and writes.
 RECORD_FORMAT = 1
@@ -43,6 +46,9 @@ DEFAULT_PREFIX = "results/"
 #: first pause of 2 ms (right for a storage server) would miss its end by up to another 2 ms.
 LOCAL_SCHEMES = ("file://", "memory://")
 LOCAL_FIRST_PAUSE_SECONDS = 0.0005
+#: A store that reports writes as they happen (a local folder, on Linux) wakes a waiter itself;
+#: reads at intervals from this long on only make sure no report was missed.
+WATCHED_FIRST_PAUSE_SECONDS = 0.05
 #: Compare-and-set tries before a counter update gives up (each loses only to another update).
 UPDATE_TRIES = 1000
 
@@ -155,10 +161,15 @@ class ResultStore:
         growing from a few milliseconds to ``interval``."""
         wanted = list(names)
         deadline = None if timeout is None else time.monotonic() + timeout
-        local = self.store.url.startswith(LOCAL_SCHEMES)
-        pacer = Pacer(interval, LOCAL_FIRST_PAUSE_SECONDS) if local else Pacer(interval)
         url, keys = self.store.url, [self.key(name) for name in wanted]
         _wakeups.watch(url, keys)
+        watches = self._watch_folders(keys)
+        if watches:  # told of every write: reads at intervals only make sure
+            pacer = Pacer(interval, WATCHED_FIRST_PAUSE_SECONDS)
+        elif url.startswith(LOCAL_SCHEMES):
+            pacer = Pacer(interval, LOCAL_FIRST_PAUSE_SECONDS)
+        else:
+            pacer = Pacer(interval)
         try:
             while True:
                 seen = _wakeups.seen(url, keys)
@@ -171,7 +182,22 @@ class ResultStore:
                 pause = pacer.next()
                 _wakeups.sleep(url, keys, seen, pause if left is None else min(pause, left))
         finally:
+            for watch in watches:
+                watch.close()
             _wakeups.unwatch(url, keys)
+
+    def _watch_folders(self, keys: list[str]) -> list[Subscription]:
+        """Watches that wake this process's waits on a write to ``keys`` by any process, when
+        the store reports writes (a local folder); none when it cannot for every key."""
+        url, watches = self.store.url, list[Subscription]()
+        for folder in sorted({folder_of(key) for key in keys}):
+            watch = watch_folder(self.store, folder, lambda key: _wakeups.stored(url, key))
+            if watch is None:
+                for made in watches:
+                    made.close()
+                return []
+            watches.append(watch)
+        return watches
 
     # --- housekeeping ------------------------------------------------------------------------
 
@@ -245,10 +271,14 @@ class _Wakeups:
         self._stores: dict[tuple[str, str], int] = {}  # (url, key) -> stores seen while waited
         self._waiters: dict[tuple[str, str], int] = {}
 
-    def stored(self, url: str, key: str) -> None:
+    def stored(self, url: str, key: str | None) -> None:
+        """``key`` was stored (None: any key of ``url`` may have been)."""
         with self._changed:
-            if (url, key) in self._waiters:
-                self._stores[(url, key)] = self._stores.get((url, key), 0) + 1
+            hits = [k for k in self._waiters if k[0] == url] if key is None else [(url, key)]
+            hits = [hit for hit in hits if hit in self._waiters]
+            for hit in hits:
+                self._stores[hit] = self._stores.get(hit, 0) + 1
+            if hits:
                 self._changed.notify_all()
 
     def watch(self, url: str, keys: list[str]) -> None:

@@ -46,7 +46,9 @@ from objq_broker.storage.base import (
     check_key,
     check_prefix,
     check_write_mode,
+    join_key,
 )
+from objq_broker.storage.notify import OnChange, Subscription, subscribe
 
 #: (key, path) of listed objects.
 _Paths = list[tuple[str, Path]]
@@ -260,20 +262,13 @@ class FileStore(LocalStoreOps):
         check_write_mode(if_version, if_absent, where)
         with self._errors(key):
             path.parent.mkdir(parents=True, exist_ok=True)
+            # A write bound to lose is refused before its data is staged and fsynced; the
+            # check that counts is repeated under the lock.
+            self._check(path, if_version, if_absent, where)
             tmp = self._stage(data)
             try:
                 with self._locked(key):
-                    current = self._current(path)
-                    found = None if current is None else _version_of(current)
-                    if if_absent and found is not None:
-                        raise PreconditionFailed(
-                            f"{where}: create-only write found an existing object (version {found})"
-                        )
-                    if if_version is not None and found != if_version:
-                        shown = "no object" if found is None else f"version {found}"
-                        raise PreconditionFailed(
-                            f"{where}: expected version {if_version}, found {shown}"
-                        )
+                    found = self._check(path, if_version, if_absent, where)
                     floor = 0 if found is None else _mtime_of(found) + 1
                     mtime = max(time.time_ns(), floor)
                     os.utime(tmp, ns=(mtime, mtime))
@@ -284,6 +279,20 @@ class FileStore(LocalStoreOps):
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
+
+    def _check(self, path: Path, if_version: str | None, if_absent: bool, where: str) -> str | None:
+        """The key's current version, if the write's condition holds; else raise
+        :class:`PreconditionFailed` saying what was found."""
+        current = self._current(path)
+        found = None if current is None else _version_of(current)
+        if if_absent and found is not None:
+            raise PreconditionFailed(
+                f"{where}: create-only write found an existing object (version {found})"
+            )
+        if if_version is not None and found != if_version:
+            shown = "no object" if found is None else f"version {found}"
+            raise PreconditionFailed(f"{where}: expected version {if_version}, found {shown}")
+        return found
 
     def _stage(self, data: bytes) -> Path:
         tmp = self._root / TMP_DIR / f"{uuid.uuid4().hex}.tmp"
@@ -339,6 +348,17 @@ class FileStore(LocalStoreOps):
                     if key.startswith(prefix):
                         found.append((key, Path(dirpath, name)))
         return sorted(found)
+
+    def watch_folder(self, folder: str, on_change: OnChange) -> Subscription | None:
+        """Report each object written or deleted directly under ``folder`` by any process on
+        this host, as it happens (see :mod:`~objq_broker.storage.notify`); None where the
+        kernel cannot tell, or while the folder does not exist."""
+        path = self._root / check_prefix(folder, self._where(folder)).strip("/")
+
+        def changed(name: str | None) -> None:
+            on_change(None if name is None else join_key(folder.strip("/"), name))
+
+        return subscribe(path, changed)
 
     def close(self) -> None:
         """Nothing is held open between calls."""

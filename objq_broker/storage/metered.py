@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from objq_broker.storage.base import Blob, Listing, ObjectStore
+from objq_broker.storage.notify import OnChange, Subscription, watch_folder
 
 T = TypeVar("T")
 
@@ -108,6 +109,10 @@ class MeteredStore:
 
     def list_meta(self, prefix: str = "") -> Listing:
         return self._counted("list", lambda: self.inner.list_meta(prefix))
+
+    def watch_folder(self, folder: str, on_change: OnChange) -> Subscription | None:
+        """The inner store's reports of writes, when it makes them (no request is made)."""
+        return watch_folder(self.inner, folder, on_change)
 
     def close(self) -> None:
         self.inner.close()
