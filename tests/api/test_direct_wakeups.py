@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 #: Polls so rare (and a cached state trusted so long) that only a report explains a quick find.
-RARE = {"poll_seconds": 30.0, "max_poll_seconds": 30.0, "max_staleness_seconds": 60.0}
+RARE: dict[str, Any] = {
+    "poll_seconds": 30.0,
+    "max_poll_seconds": 30.0,
+    "max_staleness_seconds": 60.0,
+}
 ENQUEUE_AFTER = (
     "import sys, time\n"
     "from objq_broker.queue import Queue\n"
