@@ -62,11 +62,16 @@ PHASES = (
 )
 
 
+#: The round trip under way in this process: the client's loop sets it, and so does the task
+#: in the worker's child (one task at a time), whose result store follows it.
+current_round = [0]
+
+
 def mark(name: str) -> None:
     marks = os.environ.get(MARKS_ENV)
     if marks:
-        with open(marks, "a") as out:
-            out.write(f"{name} {time.time():.6f}\n")
+        with open(marks, "a") as out:  # one short append: lines of two processes never mix
+            out.write(f"{current_round[0]} {name} {time.time():.6f}\n")
 
 
 def _marked(method: Callable[..., Any], before: str | None, after: str) -> Callable[..., Any]:
@@ -96,6 +101,7 @@ app.conf.update(task_default_queue=QUEUE, worker_hijack_root_logger=False)
 
 @app.task(name="bench.echo")
 def echo(n: int) -> int:
+    current_round[0] = n
     mark("task")
     return n
 
@@ -123,22 +129,19 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, list[float]]:
     try:
         app.send_task("bench.echo", (0,)).get(timeout=120)  # the worker is up; not counted
         os.environ[MARKS_ENV] = str(marks)
-        rounds: list[dict[str, float]] = []
-        for n in range(args.round_trips):
-            start = marks.stat().st_size if marks.exists() else 0
+        for n in range(1, args.round_trips + 1):
+            current_round[0] = n
             mark("send")
             sent = app.send_task("bench.echo", (n,))
             mark("sent")
             if sent.get(timeout=60) != n:
                 raise SystemExit(f"round trip {n} came back wrong")
             mark("got")
-            with marks.open() as lines:
-                lines.seek(start)
-                found: dict[str, float] = {}
-                for line in lines:
-                    name, at = line.split()
-                    found.setdefault(name, float(at))
-            rounds.append(found)
+        time.sleep(0.5)  # the worker's last marks
+        rounds: dict[int, dict[str, float]] = {}
+        for line in marks.read_text().splitlines():
+            number, name, at = line.split()
+            rounds.setdefault(int(number), {}).setdefault(name, float(at))
     finally:
         os.environ.pop(MARKS_ENV, None)
         worker.terminate()
@@ -146,7 +149,11 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, list[float]]:
         # This process's queue (maybe the elected broker) closes before its folder goes.
         app.pool.force_close_all()
     return {
-        phase: [(r[end] - r[begin]) * 1000 for r in rounds if begin in r and end in r]
+        phase: [
+            (r[end] - r[begin]) * 1000
+            for number, r in rounds.items()
+            if number and begin in r and end in r
+        ]
         for phase, begin, end in PHASES
     }
 
