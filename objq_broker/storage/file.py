@@ -15,6 +15,10 @@ lock file is open in this process (:class:`ForkGate`).
 A version is ``<mtime_ns>-<inode>``, read with ``fstat`` on the same descriptor the data is
 read from. Writes push mtime strictly forward per key, so a version never repeats even when an
 inode number is reused.
+
+Every write renames a file into its key's folder, so the kernel can report it as it happens:
+:meth:`FileStore.watch_folder` (see :mod:`~objq_broker.storage.notify`) lets a waiter wake on
+another process's write instead of reading again at intervals.
 """
 
 from __future__ import annotations
