@@ -91,6 +91,16 @@ class _Watcher:
                 # The kernel then reports IN_IGNORED for it, which finds nobody.
                 self._libc.inotify_rm_watch(self.fd, subscription.wd)
 
+    def abandon(self) -> None:
+        """In a forked child, the copy of the parent's watcher: its descriptor is closed, and
+        closing a subscription inherited with it (an engine the child closes) does nothing,
+        even if a thread of the parent held the lock at the fork."""
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        self.fd = -1
+        self._lock = threading.Lock()
+        self._subscribers = {}
+
     def _run(self) -> None:
         while True:
             try:
@@ -171,8 +181,7 @@ class _Shared:
         the descriptor (reading it would take the parent's events) and makes its own on
         first use. The lock is new: a thread of the parent may have held it at the fork."""
         if self.watcher is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.watcher.fd)
+            self.watcher.abandon()
         self.lock = threading.Lock()
         self.watcher, self.unavailable = None, False
 

@@ -137,6 +137,7 @@ def test_a_forked_child_is_told_by_its_own_watcher_and_the_parent_still_is(
         if pid == 0:  # the child: its own watch must hear its own write
             code = 1
             try:
+                watch.close()  # the parent's, inherited: closing it here does nothing
                 child_seen: queue.Queue[str | None] = queue.Queue()
                 child_watch = watch_folder(FileStore(tmp_path), "f", child_seen.put)
                 if child_watch is not None:
