@@ -5,8 +5,11 @@ fsynced, given a modification time strictly later than the one it replaces, rena
 key's file, and the directory is fsynced, so a reader sees the old bytes or the new ones, never
 a torn mix, and a crash never leaves a half-written object.
 
-Conditional writes take an exclusive ``flock`` on a per-key lock file in ``.objq-locks/``
-around check-and-rename. ``flock`` locks belong to an open file description, so they exclude
+Writes take an exclusive ``flock`` on a per-key lock file in ``.objq-locks/`` around
+check-and-rename; a delete removes the key's lock file with the key, so lock files do not
+outlive their objects (a taker of a lock checks that its file was not deleted meanwhile;
+releases before this check do not, so a key deleted while one of them writes it may see two
+writers at once). ``flock`` locks belong to an open file description, so they exclude
 other threads of this process as well as other processes on this host. (Over NFS, ``flock``
 semantics depend on the server; use S3 or GCS to share a queue between hosts.) A forked child
 would share a lock held at the fork and keep it for its whole life, so a fork waits until no
@@ -226,14 +229,32 @@ class FileStore(LocalStoreOps):
             raise self._translate(exc, key) from exc
 
     @contextlib.contextmanager
-    def _locked(self, key: str) -> Iterator[None]:
+    def _locked(self, key: str, *, forget: bool = False) -> Iterator[None]:
+        """Hold the key's lock file. ``forget``: the key is being deleted, so its lock file is
+        deleted too, while held: a lock file per key ever written would pile up for ever (a
+        result, an archive object, each its own).
+
+        A writer that opened the file before it was deleted gets the lock of a file no longer
+        there, which excludes nobody: so whoever gets a lock checks that its file still has a
+        name, and opens the file again if not."""
         # Hash the key: lock files stay flat and short whatever the key looks like.
         name = hashlib.sha256(key.encode()).hexdigest()[:40]
+        lock = self._root / LOCK_DIR / name
         with fork_gate().open():
-            fd = os.open(self._root / LOCK_DIR / name, os.O_RDWR | os.O_CREAT, 0o644)
+            while True:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                if os.fstat(fd).st_nlink:
+                    break
+                os.close(fd)  # deleted while we waited for it: take the one there now
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
                 yield
+                if forget:
+                    os.unlink(lock)
             finally:
                 os.close(fd)  # closing the descriptor releases the lock
 
@@ -317,7 +338,11 @@ class FileStore(LocalStoreOps):
 
     def delete(self, key: str) -> None:
         path = self._path(key)
-        with self._errors(key), self._locked(key), contextlib.suppress(FileNotFoundError):
+        with (
+            self._errors(key),
+            self._locked(key, forget=True),
+            contextlib.suppress(FileNotFoundError),  # deleting nothing is no error
+        ):
             os.unlink(path)
 
     def list(self, prefix: str = "") -> list[str]:

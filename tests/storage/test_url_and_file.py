@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -162,3 +165,53 @@ def test_a_refused_url_is_never_repeated_with_its_secret(url: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         open_store(url)
     assert "SECRET" not in str(info.value)
+
+
+def test_a_deleted_key_leaves_no_lock_file_behind(tmp_path: Path) -> None:
+    """Every write of a key takes a lock file; the delete of the key removes it, so results
+    and archive objects deleted by expiry or collection leave nothing to pile up."""
+    store = FileStore(tmp_path)
+    for n in range(50):
+        store.write(f"results/{n}", b"x", if_absent=True)
+        store.put(f"archive/{n}", b"y")
+    locks = tmp_path / LOCK_DIR
+    assert len(list(locks.iterdir())) == 100
+    for n in range(50):
+        store.delete(f"results/{n}")
+        store.delete(f"archive/{n}")
+    store.delete("never-written")  # a delete of nothing leaves nothing either
+    assert list(locks.iterdir()) == []
+    store.write("results/0", b"again", if_absent=True)  # and the key can be made again
+    assert store.get("results/0") == b"again"
+
+
+def test_a_writer_that_waited_on_a_deleted_lock_file_takes_the_new_one(tmp_path: Path) -> None:
+    """A writer blocked on a key's lock file while a delete removes it must not then hold a
+    lock nobody else sees: it takes the key's new lock file, after whoever holds that."""
+    store = FileStore(tmp_path)
+    store.put("k", b"0")
+    inside: list[tuple[str, float, float]] = []
+    deleting = threading.Event()
+
+    def hold(name: str, seconds: float, forget: bool = False) -> None:
+        with store._locked("k", forget=forget):
+            entered = time.monotonic()
+            if forget:
+                deleting.set()
+            time.sleep(seconds)
+            inside.append((name, entered, time.monotonic()))
+
+    deleter = threading.Thread(target=hold, args=("delete", 0.3, True))
+    deleter.start()
+    assert deleting.wait(10)
+    waiter = threading.Thread(target=hold, args=("waited", 0.3))
+    waiter.start()  # opens the lock file the delete is about to remove, and blocks on it
+    time.sleep(0.1)
+    deleter.join()
+    newcomer = threading.Thread(target=hold, args=("newcomer", 0.3))
+    newcomer.start()  # finds the lock file gone, or the waiter's new one
+    waiter.join()
+    newcomer.join()
+    spans = sorted(inside, key=lambda span: span[1])
+    for (first, _, left), (second, entered, _) in itertools.pairwise(spans):
+        assert entered >= left, f"{first} and {second} held the key's lock at once"
