@@ -274,7 +274,8 @@ def test_a_message_committed_in_this_process_wakes_an_idle_consumer_at_once(
     assert got == [0]
 
 
-#: Publishes {"n": 0} and {"n": 1} to queue "told" of the store argv[1], through the broker.
+#: Publishes {"n": 0} and {"n": 1} to queue "told" of the store argv[1], through the broker
+#: (or directly, with OBJQ_BROKER=off).
 PUBLISH_THROUGH_BROKER = """
 import sys, kombu, objq_broker.kombu
 with kombu.Connection("objq+" + sys.argv[1]) as conn:
@@ -308,6 +309,33 @@ def test_the_broker_tells_an_idle_consumer_of_another_process_message_at_once(
         finally:
             assert publish_elsewhere.wait(timeout=30) == 0
     # Then each commit of the broker woke the consumer's loop: both came, once, in order
+    assert got == [0, 1]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reported on Linux only")
+def test_a_local_folder_tells_an_idle_consumer_of_another_process_direct_commits(
+    connect: Any, hub: Hub, store_url: str, slow_timer: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an idle consumer committing directly (the transport's default), on a local folder,
+    # whose timer will not poll again for a minute, nor its engine read the state to expire
+    # leases (which would find the messages too)
+    monkeypatch.delenv("OBJQ_BROKER", raising=False)
+    conn = connect(**NEVER_POLLED, idle_tick_seconds=60.0)
+    got: list[int] = []
+    queue = kombu.Queue("told", routing_key="told")
+    with kombu.Consumer(conn, [queue], callbacks=[collect(got)]):
+        conn.register_with_event_loop(hub)
+        run_for(hub, 0.3)  # its first claims found nothing
+        # When another process commits two messages directly
+        publish_elsewhere = subprocess.Popen(
+            [sys.executable, "-c", PUBLISH_THROUGH_BROKER, store_url],
+            env={**os.environ, "OBJQ_BROKER": "off"},
+        )
+        try:
+            run_until(hub, lambda: len(got) == 2, within=30)
+        finally:
+            assert publish_elsewhere.wait(timeout=30) == 0
+    # Then the kernel's reports of those writes woke the loop: both came, once, in order
     assert got == [0, 1]
 
 
