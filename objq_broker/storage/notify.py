@@ -115,7 +115,7 @@ class _Watcher:
                 log.exception("a folder change could not be passed on")
 
     def _dispatch(self, data: bytes) -> None:
-        changes: list[tuple[int, str | None]] = []
+        changes: list[tuple[int | None, str | None]] = []  # (None, None): every folder
         offset = 0
         while offset + _EVENT.size <= len(data):
             wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
@@ -123,13 +123,19 @@ class _Watcher:
             named = os.fsdecode(data[offset : offset + length].rstrip(b"\0"))
             offset += length
             if mask & IN_Q_OVERFLOW:  # events were lost, in any folder
-                changes.extend((wd, None) for wd in list(self._subscribers))
+                changes.append((None, None))
             elif mask & IN_IGNORED:  # the folder was deleted or moved: nothing more from it
                 changes.append((wd, None))
             else:
                 changes.append((wd, named))
         with self._lock:
-            calls = [(s, name) for wd, name in changes for s in self._subscribers.get(wd, [])]
+            calls = [
+                (subscription, name)
+                for wd, name in changes
+                for watched, subscriptions in self._subscribers.items()
+                if wd is None or wd == watched
+                for subscription in subscriptions
+            ]
         for subscription, name in calls:
             subscription.on_change(name)
 
