@@ -377,10 +377,15 @@ class Engine:
         if key is not None and key != self.key:
             return
         self._told_changes += 1
+        self._tell_listeners()
+
+    def _tell_listeners(self) -> None:
+        """Call the commit listeners (on the writer's or the store's thread); one that
+        raises must stop neither."""
         for listener in self._commit_listeners:
             try:
                 listener()
-            except Exception:  # the store's thread must go on telling
+            except Exception:
                 log.exception("a commit listener failed")
 
     def __repr__(self) -> str:
@@ -607,11 +612,7 @@ class Engine:
                 self._expected = self._callers
             self.metrics.commit_seconds_total += self._last_commit_seconds
             self.metrics.commit_durations.observe(self._last_commit_seconds)
-            for listener in self._commit_listeners:
-                try:
-                    listener()
-                except Exception:  # a listener must not stop the writer
-                    log.exception("a commit listener failed")
+            self._tell_listeners()
 
     def _commit_with_retries(self, live: list[_Op], *, fresh: bool, latest: bool) -> None:
         deadline = time.monotonic() + self.commit_deadline_seconds

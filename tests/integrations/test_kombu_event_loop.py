@@ -286,6 +286,19 @@ with kombu.Connection("objq+" + sys.argv[1]) as conn:
 """
 
 
+def publish_two_elsewhere(hub: Hub, store_url: str, mode: str, got: list[int]) -> None:
+    """Another process publishes two messages (``OBJQ_BROKER=mode``); the loop turns until
+    ``got`` holds two, or 30 s pass."""
+    publish_elsewhere = subprocess.Popen(
+        [sys.executable, "-c", PUBLISH_THROUGH_BROKER, store_url],
+        env={**os.environ, "OBJQ_BROKER": mode},
+    )
+    try:
+        run_until(hub, lambda: len(got) == 2, within=30)
+    finally:
+        assert publish_elsewhere.wait(timeout=30) == 0
+
+
 def test_the_broker_tells_an_idle_consumer_of_another_process_message_at_once(
     connect: Any, hub: Hub, store_url: str, slow_timer: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -300,14 +313,7 @@ def test_the_broker_tells_an_idle_consumer_of_another_process_message_at_once(
         run_until(hub, lambda: conn.transport.queue.committer.role == "leader", within=10)
         run_for(hub, 0.3)
         # When another process sends two messages through the broker
-        publish_elsewhere = subprocess.Popen(
-            [sys.executable, "-c", PUBLISH_THROUGH_BROKER, store_url],
-            env={**os.environ, "OBJQ_BROKER": "client"},
-        )
-        try:
-            run_until(hub, lambda: len(got) == 2, within=30)
-        finally:
-            assert publish_elsewhere.wait(timeout=30) == 0
+        publish_two_elsewhere(hub, store_url, "client", got)
     # Then each commit of the broker woke the consumer's loop: both came, once, in order
     assert got == [0, 1]
 
@@ -327,14 +333,7 @@ def test_a_local_folder_tells_an_idle_consumer_of_another_process_direct_commits
         conn.register_with_event_loop(hub)
         run_for(hub, 0.3)  # its first claims found nothing
         # When another process commits two messages directly
-        publish_elsewhere = subprocess.Popen(
-            [sys.executable, "-c", PUBLISH_THROUGH_BROKER, store_url],
-            env={**os.environ, "OBJQ_BROKER": "off"},
-        )
-        try:
-            run_until(hub, lambda: len(got) == 2, within=30)
-        finally:
-            assert publish_elsewhere.wait(timeout=30) == 0
+        publish_two_elsewhere(hub, store_url, "off", got)
     # Then the kernel's reports of those writes woke the loop: both came, once, in order
     assert got == [0, 1]
 
