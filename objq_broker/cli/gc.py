@@ -47,6 +47,8 @@ def _text(found: Collection) -> str:
         f"{verb} {total.objects} unreferenced objects ({size(total.bytes)}) "
         f"written over {age(found.older_than_seconds)} ago"
     )
+    if found.lock_files:
+        head += f", and {found.lock_files} lock files of deleted keys"
     if found.failed:
         head += f"; {found.failed} deletes failed (tried again next time)"
     rows = [

@@ -4,7 +4,9 @@ Every such object is written *before* the commit that refers to it, so a commit 
 lands leaves one behind: a process killed between the two writes, a try that lost its race
 and whose writer died before deleting what it wrote, a background delete that never ran, a
 Spark driver that died before its commit. None is ever read again; this module finds and
-deletes them (``objq gc``, and now and then a long-running process, :class:`Sweeper`).
+deletes them (``objq gc``, and now and then a long-running process, :class:`Sweeper`). On a
+directory store it also deletes the lock files of keys that no longer exist, which releases
+before 2026-11-28 left behind (:mod:`objq_broker.storage.locks`).
 
 What is garbage, in three steps: the state is read **once**, the three folders are listed,
 and an object is deleted only if
@@ -50,6 +52,7 @@ from objq_broker.model.bodies import BODIES_PREFIX
 from objq_broker.model.checks import UNDECODABLE
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs
 from objq_broker.storage.base import ObjectMeta, ObjectStore
+from objq_broker.storage.locks import sweep_locks
 
 log = logging.getLogger("objq_broker.gc")
 
@@ -96,6 +99,9 @@ class Collection:
     garbage: dict[Kind, Tally] = field(default_factory=lambda: {k: Tally() for k in KINDS})
     kept: dict[Kind, Tally] = field(default_factory=lambda: {k: Tally() for k in KINDS})
     failed: int = 0
+    #: Lock files of deleted keys that a directory store swept (see
+    #: :mod:`objq_broker.storage.locks`), or would have (``dry_run``).
+    lock_files: int = 0
     keys: list[str] = field(default_factory=list)
     #: False when the store holds no state: nothing is collected then.
     state_found: bool = True
@@ -120,6 +126,7 @@ class Collection:
             "deleted": 0 if self.dry_run else total.objects - self.failed,
             "failed": self.failed,
             "kept_young": _by_kind(self.kept),
+            "lock_files": self.lock_files,
         }
 
 
@@ -205,6 +212,8 @@ def collect_garbage(
     still garbage at the next collection."""
     found = find_garbage(store, older_than=older_than, now=now)
     found.dry_run = dry_run
+    if found.state_found:
+        found.lock_files = _sweep_locks(store, older_than, dry_run=dry_run)
     if dry_run or not found.keys:
         return found
 
@@ -225,6 +234,16 @@ def collect_garbage(
         found.total.bytes,
     )
     return found
+
+
+def _sweep_locks(store: ObjectStore, older_than: float, *, dry_run: bool) -> int:
+    """The store's lock files of deleted keys, swept (a directory store's; none elsewhere).
+    A sweep that fails is logged: the next collection tries again."""
+    try:
+        return sweep_locks(store, older_than, dry_run=dry_run)
+    except StorageError as exc:
+        log.warning("could not sweep the lock files of %s: %s", store.url, exc)
+        return 0
 
 
 class SweepMark(msgspec.Struct):

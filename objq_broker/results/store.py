@@ -23,6 +23,7 @@ took 100 ms is in hand by about 125 ms.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -35,7 +36,10 @@ from objq_broker.errors import ObjqError, PreconditionFailed, StateCorrupt
 from objq_broker.model.checks import UNDECODABLE
 from objq_broker.storage import ObjectStore
 from objq_broker.storage.base import check_key
+from objq_broker.storage.locks import sweep_locks
 from objq_broker.storage.notify import Subscription, folder_of, watch_folder
+
+log = logging.getLogger("objq_broker.results")
 
 #: The record format this code reads and writes.
 RECORD_FORMAT = 1
@@ -223,6 +227,11 @@ class ResultStore:
             if record.expired(now) or old:
                 self.store.delete(key)
                 deleted += 1
+        # A directory store deletes a result's lock file with it; releases before 2026-11-28
+        # left one behind for every result they ever stored.
+        swept = sweep_locks(self.store)
+        if swept:
+            log.info("%s: deleted %d lock files of deleted keys", self.store.url, swept)
         return deleted
 
     # --- the record --------------------------------------------------------------------------

@@ -6,14 +6,9 @@ key's file, and the directory is fsynced, so a reader sees the old bytes or the 
 a torn mix, and a crash never leaves a half-written object.
 
 Writes take an exclusive ``flock`` on a per-key lock file in ``.objq-locks/`` around
-check-and-rename; a delete removes the key's lock file with the key, so lock files do not
-outlive their objects (a taker of a lock checks that its file was not deleted meanwhile;
-releases before this check do not, so a key deleted while one of them writes it may see two
-writers at once). ``flock`` locks belong to an open file description, so they exclude
-other threads of this process as well as other processes on this host. (Over NFS, ``flock``
-semantics depend on the server; use S3 or GCS to share a queue between hosts.) A forked child
-would share a lock held at the fork and keep it for its whole life, so a fork waits until no
-lock file is open in this process (:class:`ForkGate`).
+check-and-rename, and a delete removes the key's lock file with the key
+(:mod:`~objq_broker.storage.locks`). (Over NFS, ``flock`` semantics depend on the server; use
+S3 or GCS to share a queue between hosts.)
 
 A version is ``<mtime_ns>-<inode>``, read with ``fstat`` on the same descriptor the data is
 read from. Writes push mtime strictly forward per key, so a version never repeats even when an
@@ -28,12 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
-import functools
-import hashlib
 import logging
 import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -55,6 +46,7 @@ from objq_broker.storage.base import (
     check_write_mode,
     join_key,
 )
+from objq_broker.storage.locks import LOCK_DIR, STALE_LOCK_SECONDS, KeyLocks
 from objq_broker.storage.notify import OnChange, Subscription, subscribe
 
 #: (key, path) of listed objects.
@@ -65,62 +57,6 @@ log = logging.getLogger("objq_broker.storage")
 TMP_DIR = ".objq-tmp"
 #: A temporary file this old is left by a write whose process died (swept when a store opens).
 STALE_TEMP_SECONDS = 3600.0
-#: Folder (under the root) holding one lock file per key ever written conditionally.
-LOCK_DIR = ".objq-locks"
-
-
-class ForkGate:
-    """Keeps ``fork()`` out of the moments a lock file is open in this process.
-
-    A child forked while a thread holds a key's ``flock`` shares that lock (it belongs to the
-    open file, and the child has a copy of the descriptor that it never closes): the lock stays
-    held while the child lives, and every writer of the key on this host, the child included,
-    waits for it. Celery's prefork pool forks children from a process that commits, all the
-    time (``--max-tasks-per-child``, a child that died). So a fork waits for the lock files
-    open now to be closed, and none is opened until the fork is done.
-    """
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition(threading.Lock())
-        self._open = 0
-        self._forking = False
-        os.register_at_fork(
-            before=self._before_fork,
-            after_in_parent=self._after_fork,
-            after_in_child=self._after_fork,
-        )
-
-    @contextlib.contextmanager
-    def open(self) -> Iterator[None]:
-        """Around the life of a lock file's descriptor."""
-        with self._cv:
-            while self._forking:
-                self._cv.wait()
-            self._open += 1
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._open -= 1
-                self._cv.notify_all()
-
-    def _before_fork(self) -> None:
-        self._cv.acquire()  # held through the fork, released on both sides after it
-        self._forking = True
-        while self._open:
-            self._cv.wait()
-
-    def _after_fork(self) -> None:
-        self._forking = False
-        self._cv.notify_all()
-        self._cv.release()
-
-
-@functools.cache
-def fork_gate() -> ForkGate:
-    """The process's gate, made (and its fork hooks registered) on first use. Two callers
-    racing the first call may make two: both are registered, so forks still wait for both."""
-    return ForkGate()
 
 
 def _version_of(stat: os.stat_result) -> str:
@@ -145,6 +81,7 @@ class FileStore(LocalStoreOps):
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self._root = Path(root).absolute()
         self._fsync = fsync
+        self._locks = KeyLocks(self._root / LOCK_DIR)
         self._make_root()
         try:
             for folder in (TMP_DIR, LOCK_DIR):
@@ -228,35 +165,10 @@ class FileStore(LocalStoreOps):
         except OSError as exc:
             raise self._translate(exc, key) from exc
 
-    @contextlib.contextmanager
-    def _locked(self, key: str, *, forget: bool = False) -> Iterator[None]:
-        """Hold the key's lock file. ``forget``: the key is being deleted, so its lock file is
-        deleted too, while held: a lock file per key ever written would pile up for ever (a
-        result, an archive object, each its own).
-
-        A writer that opened the file before it was deleted gets the lock of a file no longer
-        there, which excludes nobody: so whoever gets a lock checks that its file still has a
-        name, and opens the file again if not."""
-        # Hash the key: lock files stay flat and short whatever the key looks like.
-        name = hashlib.sha256(key.encode()).hexdigest()[:40]
-        lock = self._root / LOCK_DIR / name
-        with fork_gate().open():
-            while True:
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                if os.fstat(fd).st_nlink:
-                    break
-                os.close(fd)  # deleted while we waited for it: take the one there now
-            try:
-                yield
-                if forget:
-                    os.unlink(lock)
-            finally:
-                os.close(fd)  # closing the descriptor releases the lock
+    def _locked(self, key: str, *, forget: bool = False) -> contextlib.AbstractContextManager[None]:
+        """Hold the key's lock file (``forget``: the key is being deleted; see
+        :meth:`KeyLocks.held`)."""
+        return self._locks.held(key, forget=forget)
 
     def _current(self, path: Path) -> os.stat_result | None:
         try:
@@ -377,6 +289,14 @@ class FileStore(LocalStoreOps):
                     if key.startswith(prefix):
                         found.append((key, Path(dirpath, name)))
         return sorted(found)
+
+    def sweep_locks(self, older_than: float = STALE_LOCK_SECONDS, *, dry_run: bool = False) -> int:
+        """Delete the lock files of keys that no longer exist, made over ``older_than``
+        seconds ago and not held now (releases before 2026-11-28 left one behind for every
+        key they ever wrote); how many were deleted (``dry_run``: would be)."""
+        with self._errors(""):
+            existing = [key for key, _ in self._walk("")]
+            return self._locks.sweep(existing, older_than, dry_run=dry_run)
 
     def watch_folder(self, folder: str, on_change: OnChange) -> Subscription | None:
         """Report each object written or deleted directly under ``folder`` by any process on

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from objq_broker.storage.base import Blob, Listing, ObjectStore
+from objq_broker.storage.locks import STALE_LOCK_SECONDS, sweep_locks
 from objq_broker.storage.notify import OnChange, Subscription, watch_folder
 
 T = TypeVar("T")
@@ -113,6 +114,11 @@ class MeteredStore:
     def watch_folder(self, folder: str, on_change: OnChange) -> Subscription | None:
         """The inner store's reports of writes, when it makes them (no request is made)."""
         return watch_folder(self.inner, folder, on_change)
+
+    def sweep_locks(self, older_than: float = STALE_LOCK_SECONDS, *, dry_run: bool = False) -> int:
+        """The inner store's sweep of its lock files, when it keeps any (no request is made
+        of an object store)."""
+        return sweep_locks(self.inner, older_than, dry_run=dry_run)
 
     def close(self) -> None:
         self.inner.close()

@@ -19,7 +19,8 @@ from objq_broker.errors import (
     StorageError,
 )
 from objq_broker.storage import MemoryStore, open_store
-from objq_broker.storage.file import LOCK_DIR, TMP_DIR, FileStore
+from objq_broker.storage.file import TMP_DIR, FileStore
+from objq_broker.storage.locks import LOCK_DIR
 
 
 @pytest.mark.parametrize(
