@@ -9,7 +9,9 @@ depth of the queue; only the rows shown have their payloads loaded.
 
 from __future__ import annotations
 
+import base64
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,7 @@ from objq_broker.dashboard.decode import (
 )
 from objq_broker.engine.archive import (
     TAIL_KEY,
+    RecordId,
     archive_keys,
     finished_within,
     read_archive,
@@ -328,11 +331,18 @@ class ArchivePage:
     times): ordering them by time would mean reading every object of the hour for each page."""
 
     rows: list[ArchiveRow]
-    #: ``KEY:SKIP``: the archive object to go on from and the records of it already shown.
+    #: Where the next page goes on from: ``KEY:@RECORD`` after the record shown last (which
+    #: names it whatever moved meanwhile: the state's tail is written out into an object
+    #: between page loads), or ``KEY:0`` from the start of an object not read yet.
     next_cursor: str | None
     objects_read: int
     #: True when the page stopped at :data:`MAX_ARCHIVE_OBJECTS_PER_PAGE` before it was full.
     stopped_early: bool
+
+
+#: Where a page starts: the key, and the number of matching records of it already shown (a
+#: ``KEY:NUMBER`` cursor) or the record shown last (``KEY:@RECORD``).
+_Start = tuple[str | None, int | RecordId]
 
 
 def search_archive(
@@ -346,40 +356,85 @@ def search_archive(
 ) -> ArchivePage:
     """Records of jobs finished in ``[since, until)`` (of ``queue``, or all), from ``cursor``
     on. Reads the archive objects of the range one by one, newest hour first (each one's
-    records last first), and stops once a page is full."""
+    records last first), and stops once a page is full.
+
+    A page that ended in the state's tail goes on after the record it showed last, wherever
+    that record is now: still in the tail, or in the object the tail was written out to since
+    (the newest of all), so no record is skipped or shown twice. Records finished since the
+    first page are newer than it: they show on the first page again, not on later ones."""
     tail = read_tail(store)  # before the listing (see engine.archive); the newest of all
     in_tail = {record_id(record) for record in tail}
     keys = sorted(archive_keys(store, since, until), reverse=True)
     if tail:
         keys.insert(0, TAIL_KEY)  # sorts after every archive/ key, as cursors compare them
 
-    def records(key: str) -> list[ArchiveRecord]:
-        if key == TAIL_KEY:
-            return tail
-        return [r for r in read_archive(store, key) if record_id(r) not in in_tail]
-
-    start_key, skip = _parse_cursor(cursor)
-    if start_key is not None:
-        keys = [k for k in keys if k <= start_key]
-    rows: list[ArchiveRow] = []
-    read = 0
-    for key in keys:
-        if read >= MAX_ARCHIVE_OBJECTS_PER_PAGE:
-            return ArchivePage(rows, f"{key}:0", read, stopped_early=True)
-        read += 1
-        skipping = skip if key == start_key else 0
-        matched = [
+    def matching(key: str) -> list[ArchiveRecord]:
+        held = tail if key == TAIL_KEY else read_archive(store, key)
+        if key != TAIL_KEY:
+            held = [r for r in held if record_id(r) not in in_tail]
+        return [
             r
-            for r in reversed(records(key))
+            for r in reversed(held)
             if (queue is None or r.job.queue == queue) and finished_within(r, since, until)
         ]
-        for index, record in enumerate(matched[skipping:], skipping):
+
+    start_key, after = _parse_cursor(cursor)
+    if start_key is not None and start_key != TAIL_KEY:
+        keys = [k for k in keys if k <= start_key]
+    page = _page(keys, matching, (start_key, after), page_size)
+    if page is None:  # the record shown last is nowhere now: go on from the objects
+        page = _page([k for k in keys if k != TAIL_KEY], matching, (None, 0), page_size)
+        assert page is not None  # (nothing to seek)
+    return page
+
+
+def _page(
+    keys: list[str],
+    matching: Callable[[str], list[ArchiveRecord]],
+    start: _Start,
+    page_size: int,
+) -> ArchivePage | None:
+    """A page of the records of ``keys`` (``matching`` each), from ``start``; None if it
+    was to go on after a record of the state's tail found nowhere."""
+    start_key, after = start
+    seeking = after if isinstance(after, tuple) else None
+    rows: list[ArchiveRow] = []
+    last: RecordId | None = None
+    for read, key in enumerate(keys):
+        if read >= MAX_ARCHIVE_OBJECTS_PER_PAGE:
+            if seeking is not None:
+                return None  # not in the tail, nor in the newest objects
+            return ArchivePage(rows, f"{key}:0", read, stopped_early=True)
+        matched = matching(key)
+        if key == start_key and isinstance(after, int):
+            matched = matched[after:]
+        if seeking is not None:
+            matched, seeking = _after(seeking, matched, key, start_key)
+        for record in matched:
             if len(rows) == page_size:
-                return ArchivePage(rows, f"{key}:{index}", read, stopped_early=False)
+                return ArchivePage(rows, _cursor_after(rows[-1].key, last), read + 1, False)
             job = record.job
             task = task_name(job.payload) if job.body and not job.b64 else None
             rows.append(ArchiveRow(record.outcome, job, task, key))
-    return ArchivePage(rows, None, read, stopped_early=False)
+            last = record_id(record)
+    if seeking is not None:
+        return None
+    return ArchivePage(rows, None, len(keys), stopped_early=False)
+
+
+def _after(
+    shown: RecordId, matched: list[ArchiveRecord], key: str, start_key: str | None
+) -> tuple[list[ArchiveRecord], RecordId | None]:
+    """The records of ``key`` after ``shown`` (the record the last page ended with), and
+    what is still to be found. A record of the state's tail is looked for further on when it
+    is no longer there (it was written out to the newest object); one of an object, only in
+    that object (if it is gone, the page goes on with the next)."""
+    ids = [record_id(r) for r in matched]
+    if shown in ids:
+        return matched[ids.index(shown) + 1 :], None
+    if start_key == TAIL_KEY:
+        return [], shown
+    return ([], None) if key == start_key else (matched, None)
 
 
 def read_archived_job(store: ObjectStore, key: str, job_id: str) -> JobDetail | None:
@@ -399,10 +454,23 @@ def read_archived_job(store: ObjectStore, key: str, job_id: str) -> JobDetail | 
     )
 
 
-def _parse_cursor(cursor: str | None) -> tuple[str | None, int]:
+def _parse_cursor(cursor: str | None) -> _Start:
     if not cursor:
         return None, 0
-    key, _, skip = cursor.rpartition(":")
-    if not key or not skip.isdigit():
-        raise ValueError(f"archive cursor: expected KEY:NUMBER, found {cursor!r}")
-    return key, int(skip)
+    key, _, where = cursor.rpartition(":")
+    if key and where.isdigit():
+        return key, int(where)
+    if key and where.startswith("@"):
+        try:
+            found = msgspec.json.decode(base64.urlsafe_b64decode(where[1:]), type=RecordId)
+        except (ValueError, msgspec.DecodeError):
+            pass
+        else:
+            return key, found
+    raise ValueError(f"archive cursor: expected KEY:NUMBER or KEY:@RECORD, found {cursor!r}")
+
+
+def _cursor_after(key: str, shown: RecordId | None) -> str:
+    """The cursor of the next page after ``shown``, the record shown last, found in ``key``."""
+    encoded = base64.urlsafe_b64encode(msgspec.json.encode(shown)).decode()
+    return f"{key}:@{encoded}"

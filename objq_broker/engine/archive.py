@@ -157,7 +157,11 @@ def read_tail(store: ObjectStore) -> list[ArchiveRecord]:
     return Snapshot.read(store).archive_tail
 
 
-def record_id(record: ArchiveRecord) -> tuple[str, str, str]:
+#: What tells one archive record from another (:func:`record_id`).
+RecordId = tuple[str, str, str]
+
+
+def record_id(record: ArchiveRecord) -> RecordId:
     """What tells one archive record from another: its commit, job and outcome (a job acked and
     noted as failed in one commit has two records)."""
     return record.commit_id, record.job.id, record.outcome

@@ -57,6 +57,54 @@ def test_archive_pages_follow_one_another_without_gaps_or_repeats(tail_bytes: in
     assert any(row.key == TAIL_KEY for row in rows.rows) == (tail_bytes > 0)
 
 
+def finish(queue: Queue, count: int) -> list[str]:
+    """Enqueue, claim and ack ``count`` jobs of "mail", a commit each; their ids."""
+    done = []
+    for n in range(count):
+        queue.enqueue("mail", b"%d" % n)
+        [delivery] = queue.claim("mail")
+        queue.ack(delivery)
+        done.append(delivery.id)
+    return done
+
+
+def test_a_page_that_ended_in_the_tail_goes_on_after_it_once_the_tail_is_written_out() -> None:
+    # Given 6 finished jobs, all in the state's archive tail, and a first page of 2 of them
+    store = MemoryStore("archive-tail-written-out")
+    with Queue(store=store, broker="off") as queue:
+        first = finish(queue, 6)
+    page = search_archive(store, queue="mail", since=None, until=None, cursor=None, page_size=2)
+    assert [row.key for row in page.rows] == [TAIL_KEY, TAIL_KEY]
+    seen = [row.job.id for row in page.rows]
+
+    # When more jobs finish and the tail is written out to an object before the next pages
+    with Queue(store=store, broker="off", archive_tail_bytes=0) as queue:
+        later = finish(queue, 2)
+    cursor = page.next_cursor
+    assert cursor is not None
+    for _ in range(10):
+        page = search_archive(
+            store, queue="mail", since=None, until=None, cursor=cursor, page_size=2
+        )
+        assert all(row.key != TAIL_KEY for row in page.rows)
+        seen += [row.job.id for row in page.rows]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+
+    # Then the pages went on where the first ended: each of the 6 once, newest first, and the
+    # jobs finished since are not on them (they are newer than the first page)
+    assert seen == first[::-1]
+    assert not set(later) & set(seen)
+
+
+def test_a_cursor_that_is_not_one_is_refused() -> None:
+    store = MemoryStore("archive-bad-cursor")
+    for cursor in ("state.json:x", "state.json:@not-base64!", "nokey"):
+        with pytest.raises(ValueError, match="expected KEY:NUMBER or KEY:@RECORD"):
+            search_archive(store, queue=None, since=None, until=None, cursor=cursor, page_size=2)
+
+
 def test_a_celery_body_that_is_not_json_is_never_unpickled() -> None:
     # Given a Celery envelope whose body is a pickle that would run code when loaded
     envelope = json.loads(celery_message("mail", "tasks.send", [1], {"to": "a@b"}))
