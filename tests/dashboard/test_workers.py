@@ -1,6 +1,7 @@
 """The workers page in a real browser: the lease holders ``objq workers`` lists, the ones whose
-leases ran out marked gone, names escaped, and ``/api/workers`` with the same rows (the
-picture of ``docs/dashboard.md``: ``OBJQ_SCREENSHOTS=docs/dashboard`` refreshes it)."""
+leases ran out marked gone, names escaped, kept live while it is open, and ``/api/workers``
+with the same rows (the picture of ``docs/dashboard.md``: ``OBJQ_SCREENSHOTS=docs/dashboard``
+refreshes it)."""
 
 from __future__ import annotations
 
@@ -157,7 +158,57 @@ def test_no_holder_says_idle_workers_are_not_listed(page: Page, tmp_path: Path) 
     store = open_store(url)
     with serving(store) as base:
         page.goto(base + "workers")
-        assert page.locator("#workers").count() == 0
+        assert page.locator("#workers").is_hidden()
         assert "idle workers" in page.inner_text("#no-workers").lower()
         assert json.loads(get(base + "api/workers").body)["workers"] == []
     store.close()
+
+
+def test_the_workers_page_follows_the_holders_live(page: Page, tmp_path: Path) -> None:
+    # Given one worker holding a job, and the workers page open (read every half second)
+    url = (tmp_path / "store").as_uri()
+    with (
+        Queue(url, broker="off", owner="web-1:101:dramatiq") as web_1,
+        Queue(url, broker="off", owner="<b>batch</b>:7:celery") as batch,
+    ):
+        web_1.enqueue_many("emails", [b"one", b"two"])
+        [first] = web_1.claim("emails")
+        store = open_store(url)
+        with serving(store, refresh_seconds=0.5) as base:
+            page.goto(base + "workers")
+            owners = page.locator("#workers tr[data-owner]")
+            assert [row.get_attribute("data-owner") for row in owners.all()] == [
+                "web-1:101:dramatiq"
+            ]
+            assert "1 working, 0 gone" in page.inner_text("#workers-summary")
+
+            # When, with the page left open, the first acks and another worker claims
+            web_1.ack(first)
+            [second] = batch.claim("emails")
+
+            # Then the page shows the new holder without a reload, its name as text
+            row = page.locator('#workers tr[data-owner="<b>batch</b>:7:celery"]')
+            row.wait_for(timeout=10_000)
+            page.wait_for_function(
+                "document.querySelectorAll('#workers tr[data-owner]').length === 1"
+            )
+            assert [cell(row, f) for f in ("host", "pid", "framework", "status")] == [
+                "<b>batch</b>",
+                "7",
+                "celery",
+                "working",
+            ]
+            assert cell(row, "queues") == "emails"
+            assert row.locator('[data-field="queues"] a').get_attribute("href") == (
+                "/queues/emails?state=in-flight"
+            )
+            assert cell(row, "jobs-held") == "1"
+            assert cell(row, "last-seen").endswith(" s ago")
+            assert page.locator("#workers b").count() == 0
+
+            # And once nobody holds a job, it says so
+            batch.ack(second)
+            page.locator("#no-workers").wait_for(state="visible", timeout=10_000)
+            assert page.locator("#workers").is_hidden()
+            assert page.locator("#workers-summary").is_hidden()
+        store.close()

@@ -1,4 +1,5 @@
-// objq dashboard: confirmations, and the overview's live numbers and charts (inline SVG).
+// objq dashboard: confirmations, the overview's live numbers and charts (inline SVG), and the
+// workers page kept live.
 "use strict";
 
 const COLORS = ["#2456c9", "#c2410c", "#2e7d32", "#7b1fa2", "#00838f", "#b3261e", "#5d4037", "#455a64"];
@@ -13,29 +14,90 @@ document.addEventListener("submit", (event) => {
 document.addEventListener("DOMContentLoaded", () => {
   const charts = document.getElementById("charts");
   if (charts) startOverview(charts);
+  const workers = document.getElementById("workers-summary");
+  if (workers) every(workers.dataset.source, showWorkers);
 });
 
-function startOverview(charts) {
-  const every = 1000 * Number(document.body.dataset.refreshSeconds || 3);
-  const samples = [];
+// Ask `source` for JSON every few seconds while the tab is visible, and hand each answer to
+// `use`; a failed request is tried again at the next turn, and the page keeps what it shows.
+function every(source, use) {
+  const period = 1000 * Number(document.body.dataset.refreshSeconds || 3);
   async function poll() {
     if (!document.hidden) {
       try {
-        const answer = await fetch(charts.dataset.source, { headers: { Accept: "application/json" } });
-        if (answer.ok) {
-          const reading = await answer.json();
-          samples.push(reading);
-          if (samples.length > HISTORY) samples.shift();
-          updateTable(reading);
-          draw(samples);
-        }
+        const answer = await fetch(source, { headers: { Accept: "application/json" } });
+        if (answer.ok) use(await answer.json());
       } catch (error) {
-        // The next poll tries again; the page keeps the last numbers it had.
+        // Tried again at the next turn.
       }
     }
-    setTimeout(poll, every);
+    setTimeout(poll, period);
   }
   poll();
+}
+
+function startOverview(charts) {
+  const samples = [];
+  every(charts.dataset.source, (reading) => {
+    samples.push(reading);
+    if (samples.length > HISTORY) samples.shift();
+    updateTable(reading);
+    draw(samples);
+  });
+}
+
+function when(at) {
+  return new Date(at * 1000).toISOString().replace("T", " ").slice(0, 19) + "Z";
+}
+
+// The workers page from `/api/workers`: the rows the server renders, built as text (names
+// are never markup), at work first, then the gone.
+function showWorkers(reading) {
+  const workers = reading.workers;
+  const since = (at) => (at == null ? null : Math.max(reading.read_at - at, 0));
+  const ago = (at) => (at == null ? "-" : `${age(since(at))} ago`);
+  const working = workers.filter((w) => w.status !== "gone").length;
+  document.getElementById("read-at").textContent = when(reading.read_at);
+  const summary = document.getElementById("workers-summary");
+  summary.firstChild.textContent = `${number(working)} working, ${number(workers.length - working)} gone, as of `;
+  summary.hidden = workers.length === 0;
+  document.getElementById("workers").hidden = workers.length === 0;
+  document.getElementById("no-workers").hidden = workers.length > 0;
+  const rows = workers.map((w) => {
+    const row = document.createElement("tr");
+    row.dataset.owner = w.owner;
+    row.dataset.status = w.status;
+    row.className = `worker-${w.status}`;
+    const status = document.createElement("span");
+    status.className = `state state-${w.status}`;
+    status.textContent = w.status;
+    const queues = w.queues.flatMap((q, i) => {
+      const link = document.createElement("a");
+      link.href = `/queues/${encodeURIComponent(q)}?state=in-flight`;
+      link.textContent = q;
+      return i ? [", ", link] : [link];
+    });
+    const cells = [
+      ["owner", [w.owner], "id"],
+      ["host", [w.host || "-"]],
+      ["pid", [w.pid == null ? "-" : String(w.pid)], "num"],
+      ["framework", [w.framework || "-"]],
+      ["status", [status]],
+      ["queues", queues.length ? queues : ["-"]],
+      ["jobs-held", [number(w.jobs_held)], "num"],
+      ["oldest-held", [ago(w.oldest_claimed_at)]],
+      ["last-seen", [(w.status === "gone" ? "leases ran out " : "") + ago(w.last_seen_at)]],
+    ];
+    for (const [field, content, className] of cells) {
+      const td = document.createElement("td");
+      td.dataset.field = field;
+      if (className) td.className = className;
+      td.append(...content);
+      row.append(td);
+    }
+    return row;
+  });
+  document.querySelector("#workers tbody").replaceChildren(...rows);
 }
 
 function number(n) { return Number(n).toLocaleString("en-US"); }
@@ -61,7 +123,7 @@ function updateTable(reading) {
   }
   const readAt = document.getElementById("read-at");
   readAt.dataset.readAt = reading.read_at;
-  readAt.textContent = new Date(reading.read_at * 1000).toISOString().replace("T", " ").slice(0, 19) + "Z";
+  readAt.textContent = when(reading.read_at);
   const version = document.querySelector('[data-fact="version"]');
   if (version) version.textContent = number(reading.version);
 }
