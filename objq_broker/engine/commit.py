@@ -112,7 +112,8 @@ DEFAULT_MAX_STALENESS_SECONDS = 0.2
 DEFAULT_IDLE_TICK_SECONDS = 1.0
 MAX_IDLE_TICK_SECONDS = 16.0
 #: How long an exclusive engine (a broker) trusts its cached state without a write: it reads
-#: again after this long idle, to see a direct writer's changes or a successor's epoch.
+#: again after this long idle, to see a direct writer's changes or a successor's epoch (and
+#: at once for an inspection, such as ``stats``).
 EXCLUSIVE_RECHECK_SECONDS = 30.0
 #: Longest pause before retrying after a conflict (jitter, so losers do not collide again).
 CONFLICT_JITTER_SECONDS = 0.003
@@ -751,7 +752,10 @@ class Engine:
         if self._state is not None and not (force or latest or changed or too_old):
             return self._state
         recheck = time.monotonic() - self._synced_at >= EXCLUSIVE_RECHECK_SECONDS
-        if self._state is not None and not force and self.exclusive and not recheck:
+        # The only writer trusts its cache, except for inspection: a write that bypassed it
+        # (a process committing directly while this one was being elected, say) shows in the
+        # counts at once, and the re-read wakes the claims parked here for its jobs.
+        if self._state is not None and not force and self.exclusive and not recheck and not latest:
             return self._state
         blob = self.store.read(self.key)
         self.metrics.state_reads += 1

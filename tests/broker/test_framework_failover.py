@@ -518,8 +518,12 @@ class GrpcInPoolChildren:
             return
         client_ends = socket_inodes(record.address, listening=False)
         for main in self.mains:
-            for pid in descendants(main) - {main}:
-                if (links(pid) - links(parent_of(pid) or main)) & client_ends:
+            tree = descendants(main)
+            for pid in tree - {main}:
+                parent = parent_of(pid)
+                if parent is None or parent not in tree:
+                    continue  # its parent died since (it was killed): nothing to compare with
+                if (links(pid) - links(parent)) & client_ends:
                     self.seen.add(pid)
 
 
