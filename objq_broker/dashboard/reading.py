@@ -359,9 +359,8 @@ def search_archive(
     records last first), and stops once a page is full.
 
     A page that ended in the state's tail goes on after the record it showed last, wherever
-    that record is now: still in the tail, or in the object the tail was written out to since
-    (the newest of all), so no record is skipped or shown twice. Records finished since the
-    first page are newer than it: they show on the first page again, not on later ones."""
+    that record is now: still in the tail, or in an object the tail was written out to since
+    (of the newest hour), so no record is skipped or shown twice."""
     tail = read_tail(store)  # before the listing (see engine.archive); the newest of all
     in_tail = {record_id(record) for record in tail}
     keys = sorted(archive_keys(store, since, until), reverse=True)
