@@ -754,7 +754,7 @@ class Engine:
         recheck = time.monotonic() - self._synced_at >= EXCLUSIVE_RECHECK_SECONDS
         # The only writer trusts its cache, except for inspection: a write that bypassed it
         # (a process committing directly while this one was being elected, say) shows in the
-        # counts at once, and the re-read wakes the claims parked here for its jobs.
+        # answer at once, and the re-read wakes the claims parked here for its jobs.
         if self._state is not None and not force and self.exclusive and not recheck and not latest:
             return self._state
         blob = self.store.read(self.key)
