@@ -22,7 +22,7 @@ from objq_broker.errors import (
     StateCorrupt,
 )
 from objq_broker.model.records import Job, QueueConfig
-from objq_broker.model.state import QueueStats
+from objq_broker.model.values import QueueStats
 from objq_broker.queue import Delivery, Queue
 from objq_broker.storage import open_store
 

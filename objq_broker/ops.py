@@ -36,7 +36,7 @@ from objq_broker.model.checks import (
     checked,
 )
 from objq_broker.model.records import Job, JobState, QueueConfig, RunOutcome, encode_payload
-from objq_broker.model.state import NewJob, StagedBodies, StagedRun, settings_of
+from objq_broker.model.values import NewJob, StagedBodies, StagedRun, settings_of
 
 __all__ = ["Delay", "Delivery", "StagedBodies", "StagedRun"]
 

@@ -45,7 +45,7 @@ from objq_broker.model.ops import (
     WriteBudget,
 )
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
-from objq_broker.model.state import QueueStats, StagedBodies, StagedRun
+from objq_broker.model.values import QueueStats, StagedBodies, StagedRun
 from objq_broker.model.workers import Worker
 from objq_broker.ops import Delay, Delivery, default_owner
 from objq_broker.storage import ObjectStore

@@ -90,8 +90,9 @@ from objq_broker.model.records import (
     encode_archive,
 )
 from objq_broker.model.runs import MAX_RUN_JOBS, RUNS_PREFIX, orphan_runs, run_key
-from objq_broker.model.state import Finished, QueueState
+from objq_broker.model.state import QueueState
 from objq_broker.model.tally import JOB_EVENTS, job_events
+from objq_broker.model.values import Finished
 from objq_broker.storage.base import ObjectStore
 from objq_broker.storage.notify import folder_of, watch_folder
 

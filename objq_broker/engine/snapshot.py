@@ -25,7 +25,8 @@ from objq_broker.model.records import (
     RunRef,
     decode_state,
 )
-from objq_broker.model.state import QueueState, QueueStats
+from objq_broker.model.state import QueueState
+from objq_broker.model.values import QueueStats
 from objq_broker.model.workers import Worker
 from objq_broker.storage import ObjectStore
 

@@ -45,7 +45,8 @@ from objq_broker.model.records import (
     RunOutcome,
     RunRef,
 )
-from objq_broker.model.state import NewJob, QueueState, QueueStats, StagedBodies, StagedRun
+from objq_broker.model.state import QueueState
+from objq_broker.model.values import NewJob, QueueStats, StagedBodies, StagedRun
 from objq_broker.model.workers import Worker
 
 T = TypeVar("T")

@@ -264,6 +264,11 @@ class RunMerge:
         return suffix
 
 
+def run_is_due(ref: RunRef, now: float) -> bool:
+    """Whether ``ref`` is a timed run whose next job is due at ``now``."""
+    return ref.kind == "timed" and ref.remaining > 0 and ref.next[0] <= now
+
+
 def take_due(ref: RunRef, jobs: list[Job], until: float) -> list[Job]:
     """Take the jobs at the front of ``ref`` (its contents ``jobs``) whose time (``visible_at``
     in a timed run, ``finished_at`` in a dead one) is ``until`` or earlier, moving the run on;

@@ -25,7 +25,7 @@ from objq_broker.engine.janitor import Janitor
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ConfigurationError
 from objq_broker.model.bodies import encode_bodies
-from objq_broker.model.state import StagedBodies
+from objq_broker.model.values import StagedBodies
 from objq_broker.ops import Delivery
 from objq_broker.storage import MemoryStore, ObjectStore
 

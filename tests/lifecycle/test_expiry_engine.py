@@ -13,7 +13,7 @@ from objq_broker.engine.bindings import ExchangeRecord, change_exchange, read_ex
 from objq_broker.engine.commit import Engine
 from objq_broker.model.ops import Declare, Enqueue, Expire
 from objq_broker.model.records import QueueConfig
-from objq_broker.model.state import NewJob
+from objq_broker.model.values import NewJob
 from objq_broker.storage import MemoryStore, ObjectStore, open_store
 from tests.support.waiting import wait_for
 

@@ -17,7 +17,8 @@ from objq_broker.model.ops import (
     TakeBroker,
 )
 from objq_broker.model.records import BrokerRecord
-from objq_broker.model.state import NewJob, QueueState
+from objq_broker.model.state import QueueState
+from objq_broker.model.values import NewJob
 
 NOW = 1000.0
 

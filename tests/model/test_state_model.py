@@ -46,7 +46,8 @@ from objq_broker.model.records import (
     decode_state,
     encode_state,
 )
-from objq_broker.model.state import NewJob, QueueState, retry_delay
+from objq_broker.model.state import QueueState
+from objq_broker.model.values import NewJob, retry_delay
 
 #: Queues declared up front, with short leases and windows so that time jumps reach them.
 DECLARED = {

@@ -16,9 +16,10 @@ from objq_broker.errors import (
     QueueNotFound,
     StateCorrupt,
 )
-from objq_broker.model import state as state_module
+from objq_broker.model import backlog, indexed, leases
 from objq_broker.model.records import Job, QueueConfig, decode_state, encode_payload, encode_state
-from objq_broker.model.state import NewJob, QueueState, check_queue_name, retry_delay
+from objq_broker.model.state import QueueState
+from objq_broker.model.values import NewJob, check_queue_name, retry_delay
 
 T0 = 1_000.0
 #: Short settings, so that the times in these tests read easily.
@@ -180,7 +181,7 @@ def test_retry_dead_of_an_unknown_id_raises_job_not_found_and_changes_nothing() 
 
 
 class CountingHeapq:
-    """Stands in for ``heapq`` inside ``objq_broker.model.state`` and counts heap operations."""
+    """Stands in for ``heapq`` inside the state's modules and counts heap operations."""
 
     def __init__(self) -> None:
         self.pushes = 0
@@ -223,7 +224,8 @@ class WatchedJobs(dict[str, Job]):
 
 def _watch(state: QueueState, monkeypatch: pytest.MonkeyPatch) -> tuple[CountingHeapq, WatchedJobs]:
     counting = CountingHeapq()
-    monkeypatch.setattr(state_module, "heapq", counting)
+    for module in (indexed, backlog, leases):  # the modules of the state that use heaps
+        monkeypatch.setattr(module, "heapq", counting)
     watched = WatchedJobs(state.jobs)
     state.jobs = watched
 

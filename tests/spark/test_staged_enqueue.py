@@ -19,7 +19,8 @@ from objq_broker.model.bodies import encode_bodies
 from objq_broker.model.messages import celery_message, describe, dramatiq_message
 from objq_broker.model.records import Job, decode_state
 from objq_broker.model.runs import MAX_RUN_JOBS, build_run
-from objq_broker.model.state import QueueState, StagedBodies, StagedRun
+from objq_broker.model.state import QueueState
+from objq_broker.model.values import StagedBodies, StagedRun
 from objq_broker.storage import MemoryStore
 
 

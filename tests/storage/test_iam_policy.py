@@ -31,7 +31,7 @@ from objq_broker.engine.archive import iter_archive
 from objq_broker.engine.garbage import collect_garbage
 from objq_broker.errors import AccessDenied
 from objq_broker.model.bodies import encode_bodies
-from objq_broker.model.state import StagedBodies
+from objq_broker.model.values import StagedBodies
 from objq_broker.storage import ObjectStore, open_store
 from tests.support.processes import Children
 from tests.support.servers import free_port

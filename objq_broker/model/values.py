@@ -1,0 +1,172 @@
+"""The values the queue model takes and gives: what an enqueue asks for, what a staged write
+hands in, what a finished job and a queue's counts look like, and the checks of queue names and
+settings that every transition relies on."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import msgspec
+
+from objq_broker.errors import ConfigurationError
+from objq_broker.model.backoff import backoff_seconds
+from objq_broker.model.checks import (
+    MAX_QUEUE_NAME,
+    MAX_STAGED_ENTRIES,
+    Attempts,
+    Identifier,
+    Priority,
+    QueueName,
+    SignedSeconds,
+    checked,
+)
+from objq_broker.model.records import Job, OrderKey, Outcome, QueueConfig, RunRef
+from objq_broker.model.runs import MAX_RUN_JOBS
+
+#: Idempotency keys of staged writes (``enqueue_staged``) start with this, so they never meet
+#: a key an application chose.
+STAGED_WRITE_KEY = "objq-staged-write:"
+
+#: The backoff of a failed job's next attempt (kept under its old name for callers).
+retry_delay = backoff_seconds
+
+
+class NewJob(msgspec.Struct, frozen=True):
+    """What an enqueue asks for; the id is made by the caller so a replay is identical."""
+
+    id: Identifier
+    queue: QueueName
+    body: str
+    b64: bool = False
+    priority: Priority = 0
+    delay_seconds: SignedSeconds = 0.0
+    max_attempts: Attempts | None = None
+    key: Identifier | None = None
+
+
+class StagedBodies(msgspec.Struct, frozen=True):
+    """A bodies object written ahead of the commit that enqueues one job per entry of it.
+
+    ``priorities`` and ``delays`` give each entry its own priority or delay (seconds); None
+    means the batch's value for every entry."""
+
+    key: Identifier
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_STAGED_ENTRIES)]
+    priorities: tuple[Priority, ...] | None = None
+    delays: tuple[SignedSeconds, ...] | None = None
+
+
+class StagedRun(msgspec.Struct, frozen=True):
+    """A run written ahead of the commit that enqueues its jobs (by a Spark task): its jobs
+    refer to entries of the bodies object ``bodies`` and are numbered from 0; ``next``,
+    ``last`` and ``oldest`` are as in its :class:`RunRef`."""
+
+    key: Identifier
+    bodies: Identifier
+    kind: Literal["ready", "timed"]
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_RUN_JOBS)]
+    next: OrderKey
+    last: OrderKey
+    oldest: float
+
+    def ref(self) -> RunRef:
+        return RunRef(
+            key=self.key,
+            kind=self.kind,
+            count=self.count,
+            taken=0,
+            next=self.next,
+            oldest=self.oldest,
+            last=self.last,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A job leaving the hot state, to be archived before the commit that drops it."""
+
+    outcome: Outcome
+    job: Job
+
+
+class QueueStats(msgspec.Struct, frozen=True):
+    """Counts for one queue at one moment."""
+
+    queue: str
+    ready: int
+    delayed: int
+    in_flight: int
+    dead: int
+    oldest_ready_age_seconds: float | None
+
+
+def check_queue_name(queue: object) -> str:
+    if (
+        not isinstance(queue, str)
+        or not queue
+        or len(queue) > MAX_QUEUE_NAME
+        or "/" in queue
+        or not queue.isprintable()
+    ):
+        raise ConfigurationError(
+            f"queue name: expected 1-{MAX_QUEUE_NAME} printable characters without '/', "
+            f"found {queue!r}"
+        )
+    return queue
+
+
+def settings_of(
+    queue: str, base: QueueConfig, changes: Mapping[str, object] | None = None
+) -> QueueConfig:
+    """``base`` with ``changes`` applied, every field checked; :class:`ConfigurationError`
+    names an unknown setting or a value out of its range."""
+    changes = dict(changes or {})
+    allowed = QueueConfig.__struct_fields__
+    unknown = sorted(set(changes) - set(allowed))
+    if unknown:
+        raise ConfigurationError(
+            f"queue {queue!r}: unknown setting(s) {unknown}; accepted: {sorted(allowed)}"
+        )
+    merged = {name: getattr(base, name) for name in allowed} | changes
+    return checked(merged, QueueConfig, f"queue {queue!r}")
+
+
+def snapshot(job: Job) -> Job:
+    """A copy for callers: the state's own record keeps changing after the op returns."""
+    return msgspec.structs.replace(job)
+
+
+def with_id(jobs: list[Job], job_id: str) -> Job | None:
+    """The job of ``jobs`` with id ``job_id``, if any."""
+    return next((job for job in jobs if job.id == job_id), None)
+
+
+def finished_job(
+    item: NewJob,
+    now: float,
+    config: QueueConfig,
+    *,
+    job_id: str | None = None,
+    enqueued_at: float | None = None,
+) -> Job:
+    """A job that was added and has already left the state, described by the request that
+    added it (``job_id``: the job that request stood for, when it was another's key)."""
+    return Job(
+        id=job_id or item.id,
+        queue=item.queue,
+        body=item.body,
+        b64=item.b64,
+        seq=0,
+        enqueued_at=now if enqueued_at is None else enqueued_at,
+        visible_at=now,
+        max_attempts=item.max_attempts or config.max_attempts,
+        key=item.key,
+        finished_at=now,
+    )
+
+
+def key_slot(queue: str, key: str) -> str:
+    """Where an idempotency key of ``queue`` is recorded."""
+    return f"{queue}/{key}"
