@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from objq_broker import ops
 from objq_broker.broker.settings import BrokerSettings
-from objq_broker.engine.commit import EngineMetrics
+from objq_broker.engine.batch import EngineMetrics
 from objq_broker.model.checks import checked_timeout
 from objq_broker.model.ops import (
     DeadLetters,

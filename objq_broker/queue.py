@@ -23,7 +23,9 @@ from typing import Any, TypeVar
 
 from objq_broker import ops
 from objq_broker.broker.settings import BrokerSettings, broker_settings
-from objq_broker.engine.commit import DEFAULT_COMMIT_DEADLINE_SECONDS, Engine, EngineMetrics
+from objq_broker.engine.base import DEFAULT_COMMIT_DEADLINE_SECONDS
+from objq_broker.engine.batch import EngineMetrics
+from objq_broker.engine.commit import Engine
 from objq_broker.engine.options import (
     QueueLimits,
     check_engine_settings,

@@ -43,14 +43,10 @@ from objq_broker.broker.client import BrokerLink
 from objq_broker.broker.parking import LANE_STRIDE
 from objq_broker.broker.server import BrokerServer, require_token
 from objq_broker.broker.settings import BrokerSettings
+from objq_broker.engine.base import DEFAULT_COMMIT_DEADLINE_SECONDS
+from objq_broker.engine.batch import NOT_READIED, EngineMetrics, ReadyMark
 from objq_broker.engine.bodies import BodyCache
-from objq_broker.engine.commit import (
-    DEFAULT_COMMIT_DEADLINE_SECONDS,
-    NOT_READIED,
-    Engine,
-    EngineMetrics,
-    ReadyMark,
-)
+from objq_broker.engine.commit import Engine
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import (
     BrokerTaken,

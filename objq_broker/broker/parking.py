@@ -31,7 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from objq_broker.engine.commit import Engine, Readiness
+from objq_broker.engine.batch import Readiness
+from objq_broker.engine.commit import Engine
 from objq_broker.model.ops import Claim, Op, Outcomes, Session
 
 #: How far apart a lane numbers its requests: room for this many tries of each.

@@ -37,7 +37,8 @@ import grpc
 
 from objq_broker.broker import wire
 from objq_broker.broker.parking import ClaimPark
-from objq_broker.engine.commit import NOT_READIED, Engine, ReadyMark
+from objq_broker.engine.batch import NOT_READIED, ReadyMark
+from objq_broker.engine.commit import Engine
 from objq_broker.errors import ConfigurationError, ObjqError, WriterFenced
 from objq_broker.model.ops import Outcomes, Session
 

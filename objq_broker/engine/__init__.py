@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from objq_broker.engine.commit import Engine, EngineMetrics
+from objq_broker.engine.batch import EngineMetrics
+from objq_broker.engine.commit import Engine
 from objq_broker.engine.guard import STATE_KEY
 
 __all__ = ["STATE_KEY", "Engine", "EngineMetrics"]

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Protocol, TypeVar
 
+from objq_broker.engine.batch import EngineMetrics
 from objq_broker.engine.bodies import BodyCache
-from objq_broker.engine.commit import EngineMetrics
 from objq_broker.model.ops import Claim, Op
 from objq_broker.model.records import Job
 

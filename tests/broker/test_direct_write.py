@@ -11,7 +11,7 @@ from pathlib import Path
 
 from objq_broker import Delivery, Queue
 from objq_broker.broker.elected import ElectedCommitter
-from objq_broker.engine.commit import EXCLUSIVE_RECHECK_SECONDS
+from objq_broker.engine.loading import EXCLUSIVE_RECHECK_SECONDS
 
 
 def test_an_inspection_at_the_broker_sees_a_direct_write_and_wakes_its_claims(

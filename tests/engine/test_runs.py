@@ -14,8 +14,8 @@ import pytest
 from objq_broker import Queue, ops
 from objq_broker.broker.elected import ElectedCommitter
 from objq_broker.engine import Engine
-from objq_broker.engine.commit import RUN_CACHE_SIZE
 from objq_broker.engine.guard import STATE_KEY
+from objq_broker.engine.loading import RUN_CACHE_SIZE
 from objq_broker.engine.runs import MERGE_AT
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ConfigurationError, StateCorrupt

@@ -1,0 +1,320 @@
+"""The writer thread: it takes a batch (lingering for the callers the last commit released,
+and keeping to the namespace's write budget), commits it with retries, and resolves its futures
+only once the state that holds their effect is stored. The failure handling is described in
+:mod:`~objq_broker.engine.commit`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from objq_broker.engine.base import MAX_IDLE_TICK_SECONDS
+from objq_broker.engine.batch import Attempt, Pending
+from objq_broker.engine.budget import budget_wait
+from objq_broker.engine.loading import StateLoader
+from objq_broker.errors import (
+    AccessDenied,
+    BucketNotFound,
+    ConfigurationError,
+    ObjqError,
+    PreconditionFailed,
+    QueueError,
+    StateCorrupt,
+    StorageError,
+    StorageUnavailable,
+    WriterFenced,
+)
+from objq_broker.model.backoff import backoff_seconds
+from objq_broker.model.ops import Nothing, Read, Session, SetWriteBudget
+from objq_broker.model.tally import job_events
+
+log = logging.getLogger("objq_broker.engine")
+
+#: Longest pause before retrying after a conflict (jitter, so losers do not collide again).
+CONFLICT_JITTER_SECONDS = 0.003
+#: For this long after a conflict, another writer is taken to be active: each commit reads
+#: the state before writing (a read that finds it unchanged costs no decode) instead of
+#: writing blind on its cached copy, losing, and reading anyway.
+CONTENDED_SECONDS = 1.0
+#: Longest adaptive wait for a batch to fill (see ``Engine._linger``).
+ADAPTIVE_LINGER_MAX_SECONDS = 0.02
+#: Errors that no retry can fix: fail the batch at once (a store's SDK refusing the bucket
+#: name or endpoint is a ``ConfigurationError``).
+_FATAL = (StateCorrupt, AccessDenied, BucketNotFound, WriterFenced, ConfigurationError)
+
+
+class CommitLoop(StateLoader):
+    """The layer of :class:`~objq_broker.engine.commit.Engine` that runs the writer thread."""
+
+    def _run(self) -> None:
+        try:
+            while True:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                self._commit(batch)
+        except BaseException as exc:
+            # Nothing should get here (a commit fails its own batch); if something does, the
+            # writer cannot go on, and no caller may wait for it for ever.
+            self._stop_broken(exc)
+            raise
+
+    def _stop_broken(self, exc: BaseException) -> None:
+        """Fail every pending op, and every later one, with why the writer stopped."""
+        broken = QueueError(f"the writer for {self.store.url} stopped: {type(exc).__name__}: {exc}")
+        broken.__cause__ = exc
+        with self._cv:
+            self._broken = broken
+            pending, self._pending = list(self._pending), deque()
+        self._fail(pending, broken)
+
+    def _next_batch(self) -> list[Pending] | None:
+        """Wait for work (or an idle tick) and take a batch; None when closed and drained."""
+        with self._cv:
+            while not self._pending:
+                if self._closing:
+                    return None
+                tick = self._idle_tick if self._consumer else None
+                if not self._cv.wait(tick) and not self._pending:
+                    # Idle tick: expire stale leases. Each costs a read in direct mode, so
+                    # they grow sparser while nothing happens (claims expire leases too).
+                    self._idle_tick = min(self._idle_tick * 2, MAX_IDLE_TICK_SECONDS)
+                    return []
+            self._idle_tick = self.idle_tick_seconds
+            self._linger()
+            self._keep_to_budget()
+            batch: list[Pending] = []
+            size = 0
+            while self._pending and len(batch) < self.max_batch_ops:
+                op = self._pending[0]
+                if batch and size + op.size > self.max_batch_bytes:
+                    break
+                batch.append(self._pending.popleft())
+                size += op.size
+            self._committing = self._callers = len(batch)
+            return batch
+
+    def _linger(self) -> None:
+        """Let a batch fill before committing it (called holding ``_cv``).
+
+        With ``linger_seconds`` set, always wait that long (or for a full batch). Otherwise
+        adapt: as many ops were pending or committing at once during the last commit; the
+        callers it released are still submitting their next ones, so wait (two commits' time
+        at most, and at most ``ADAPTIVE_LINGER_MAX_SECONDS``) for all of them. 50 threads make
+        batches of ~50, not 48 then 2, and a broker's clients, whose sessions come back after
+        a network round trip each, share one commit instead of taking turns (waiting up to
+        two commits measured best for 8 clients). One caller never waits.
+        """
+        if self._closing:
+            return
+        if self.linger_seconds > 0:
+            target, span = self.max_batch_ops, self.linger_seconds
+        else:
+            target = self._expected
+            if len(self._pending) >= target:
+                return
+            span = min(ADAPTIVE_LINGER_MAX_SECONDS, 2 * self._last_commit_seconds)
+        end = time.monotonic() + span
+        while len(self._pending) < target and not self._closing:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return
+            self._cv.wait(remaining)
+
+    def _keep_to_budget(self) -> None:
+        """Under a write budget (``engine.budget``), wait until the namespace may write again
+        before taking a batch that may write (called holding ``_cv``); what is submitted
+        meanwhile joins the batch. Reads and flushes never wait, nor does changing the budget
+        (lifting one of a write a minute must not take a minute)."""
+        state = self._state
+        if state is None or state.doc.write_budget is None:
+            return
+        if all(isinstance(op.op, Read | Nothing) for op in self._pending) or any(
+            isinstance(op.op, SetWriteBudget) for op in self._pending
+        ):
+            return
+        wait = budget_wait(
+            state.doc.write_budget, last_commit=state.doc.committed_at, now=self.clock()
+        )
+        end = time.monotonic() + wait
+        while not self._closing and (remaining := end - time.monotonic()) > 0:
+            self._cv.wait(remaining)
+
+    def _commit(self, batch: list[Pending]) -> None:
+        started = time.monotonic()
+        if any(op.consumer for op in batch):
+            self._consumer = True
+        live = [op for op in batch if op.future.set_running_or_notify_cancel()]
+        # Claims last (a stable sort): a claim sees the jobs enqueued in its own batch, so a
+        # claimer that found nothing is woken by the next commit, never left waiting a poll.
+        live.sort(key=lambda op: op.consumer)
+        try:
+            self._commit_with_retries(
+                live,
+                fresh=not batch or any(op.fresh for op in batch),
+                latest=any(op.latest for op in batch),
+            )
+        finally:
+            self.metrics.batches += 1
+            self.metrics.ops += len(batch)
+            self.metrics.max_batch_ops = max(self.metrics.max_batch_ops, len(batch))
+            self._last_commit_seconds = time.monotonic() - started
+            with self._cv:
+                self._committing = 0
+                self._expected = self._callers
+            self.metrics.commit_seconds_total += self._last_commit_seconds
+            self.metrics.commit_durations.observe(self._last_commit_seconds)
+            self._tell_listeners()
+
+    def _commit_with_retries(self, live: list[Pending], *, fresh: bool, latest: bool) -> None:
+        deadline = time.monotonic() + self.commit_deadline_seconds
+        # Left by a batch that gave up: those writes may still land, so their objects stay.
+        self._failed_tries = []
+        tries = 0
+        while True:
+            tries += 1
+            started = time.monotonic()
+            try:
+                if self._try_commit(live, fresh, latest):
+                    return
+            except _FATAL as exc:
+                self._invalidate()
+                if isinstance(exc, WriterFenced):
+                    self._fenced = exc
+                self._fail(live, exc)
+                return
+            except (PreconditionFailed, StorageError) as exc:
+                deadline = self._note_failure(exc, deadline)
+                # A try as slow as this one (a storage call that timed out) would end past the
+                # deadline: fail now rather than that late. Conflicts are quick to retry.
+                took = 0.0 if isinstance(exc, PreconditionFailed) else time.monotonic() - started
+                if time.monotonic() + took >= deadline:
+                    self._fail(live, self._deadline_error(exc, tries))
+                    return
+                if isinstance(exc, PreconditionFailed):
+                    # Re-read and go again: waiting longer only hands the lead to the others.
+                    pause = self._rng.random() * CONFLICT_JITTER_SECONDS
+                else:
+                    pause = backoff_seconds(tries, 0.005, 1.0, self._rng.random())
+                time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+            except Exception as exc:
+                # Not an objq error: a bug, or an SDK error objq does not translate. The try
+                # may have been half applied: read afresh and try again, as after a storage
+                # error, and fail the batch (never the writer) once its deadline has passed.
+                log.warning(
+                    "commit on %s failed unexpectedly, retrying", self.store.url, exc_info=True
+                )
+                self._invalidate()
+                if time.monotonic() >= deadline:
+                    self._fail(live, _unexpected(self.store.url, exc, bool(self._failed_tries)))
+                    return
+                time.sleep(
+                    min(
+                        backoff_seconds(tries, 0.005, 1.0, self._rng.random()),
+                        max(deadline - time.monotonic(), 0.0),
+                    )
+                )
+
+    def _note_failure(self, exc: StorageError, deadline: float) -> float:
+        """Count a failed try and drop the cache; returns the batch's deadline, restarted when
+        the previous conflict turned out to be another writer's progress."""
+        if isinstance(exc, PreconditionFailed):
+            self._lost_against = self._version
+            self._contended_until = time.monotonic() + CONTENDED_SECONDS
+            self.metrics.conflicts += 1
+        else:
+            self.metrics.storage_errors += 1
+            log.warning("storage error on %s, retrying: %s", self.store.url, exc)
+        self._invalidate()
+        if self._others_moved:
+            self._others_moved = False
+            return time.monotonic() + self.commit_deadline_seconds
+        return deadline
+
+    def _try_commit(self, live: list[Pending], fresh: bool, latest: bool) -> bool:
+        """One try; True when every op is settled, False to try again at once."""
+        failed = self._failed_tries
+        contended = not self.exclusive and time.monotonic() < self._contended_until
+        state = self._load(force=bool(failed), fresh=fresh, latest=latest or contended)
+        recent = set(state.doc.recent_commits)
+        landed = next((a for a in failed if a.commit_id in recent), None)
+        if landed is not None:
+            log.info("commit %s landed although its write failed", landed.commit_id)
+            self._settled(landed)
+            return True
+        # None has landed yet. What they wrote ahead of the state is kept: the next try
+        # re-applies the same ops and usually writes the very same archive and bodies.
+        attempt = self._apply(state, live)
+        if attempt is None:
+            return False  # an op crashed: it was failed and dropped; start again
+        if state.dirty:
+            try:
+                self._write(state, attempt)
+            except StorageError as exc:
+                # Even a refused condition may hide a landed write: an SDK that retried a
+                # timed-out PUT gets 412 from its own first attempt. Look before re-applying.
+                if not isinstance(exc, _FATAL):
+                    failed.append(attempt)
+                raise
+        self._settled(attempt)
+        return True
+
+    def _settled(self, landed: Attempt) -> None:
+        """``landed`` is the try whose state is stored: resolve its results, and delete what
+        the other tries wrote ahead of theirs (none of them can land on top of it)."""
+        self._resolve(landed.results)
+        self._tally(landed)
+        kept = set(landed.written)
+        orphans = {key for a in self._failed_tries for key in a.written} - kept
+        for key in sorted(orphans):
+            self._delete_quietly(key, "orphan object")
+        self._failed_tries = []
+
+    def _tally(self, landed: Attempt) -> None:
+        """Count what the landed try did to jobs. A broker's sessions are left out: each
+        client counts its own operations from the outcomes it gets back."""
+        try:
+            self.metrics.count({"expired": landed.expired})
+            for op, ok, value in landed.results:
+                if ok and not isinstance(op.op, Session):
+                    self.metrics.count(job_events(op.op, value))
+        except Exception:  # a counter must never fail a commit that landed
+            log.exception("counting a commit's job events failed")
+
+    def _deadline_error(self, exc: Exception, tries: int) -> ObjqError:
+        what = (
+            "could not confirm whether the last write landed" if self._failed_tries else "gave up"
+        )
+        # Whatever the last try met (a timeout, or a race lost after a slow write), the
+        # storage could not take the commit in time: a transient storage error.
+        return StorageUnavailable(
+            f"{self.store.url}: commit {what} after {tries} tries in "
+            f"{self.commit_deadline_seconds:g} s; last error: {exc}"
+        )
+
+    @staticmethod
+    def _resolve(results: list[tuple[Pending, bool, Any]]) -> None:
+        for op, ok, value in results:
+            if op.future.done():
+                continue
+            if ok:
+                op.future.set_result(value)
+            else:
+                op.future.set_exception(value)
+
+    @staticmethod
+    def _fail(ops: list[Pending], exc: BaseException) -> None:
+        for op in ops:
+            if not op.future.done():
+                op.future.set_exception(exc)
+
+
+def _unexpected(url: str, exc: Exception, unsure: bool) -> QueueError:
+    """The error a batch fails with when its commit raised something objq does not expect;
+    ``unsure``: an earlier try's write failed and may yet have landed."""
+    landed = "; an earlier write of it may have landed" if unsure else ""
+    error = QueueError(f"{url}: commit failed: {type(exc).__name__}: {exc}{landed}")
+    error.__cause__ = exc
+    return error

@@ -1,0 +1,220 @@
+"""Writing a commit: the objects a try needs stored before the state (payload bodies, runs,
+archive objects), the state itself with its ``if_version`` condition, and the tidying once it
+landed (freed objects deleted, orphan runs swept, run merges planned).
+
+Everything is written before the state that refers to it, so a state never names a missing
+object; what a failed try wrote ahead is remembered, reused by the next try when it holds the
+same, and deleted once another try landed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+from objq_broker.engine.archive import plan_archive
+from objq_broker.engine.base import EngineBase
+from objq_broker.engine.batch import Attempt
+from objq_broker.engine.bindings import unbind_queues
+from objq_broker.engine.runs import MERGE_AT
+from objq_broker.errors import ObjqError
+from objq_broker.model.bodies import bodies_key, encode_bodies
+from objq_broker.model.records import (
+    RECENT_COMMITS,
+    ArchiveRecord,
+    Job,
+    StateDoc,
+    check_encoded,
+    encode_archive,
+)
+from objq_broker.model.runs import RUNS_PREFIX, orphan_runs, run_key
+from objq_broker.model.state import QueueState
+
+log = logging.getLogger("objq_broker.engine")
+
+#: How often an engine whose namespace has runs lists them to delete orphans (one LIST
+#: request per thousand runs on S3 or GCS).
+RUN_SWEEP_SECONDS = 600.0
+
+
+class StateWriter(EngineBase):
+    """The layer of :class:`~objq_broker.engine.commit.Engine` that writes a try's objects
+    and state."""
+
+    def _write(self, state: QueueState, attempt: Attempt) -> None:
+        doc = state.doc
+        now = self.clock()
+        doc.version += 1
+        if self.epoch is not None:
+            doc.epoch = max(doc.epoch, self.epoch)
+        doc.commit_id = attempt.commit_id
+        doc.committed_at = now
+        doc.recent_commits = [*doc.recent_commits, attempt.commit_id][-RECENT_COMMITS:]
+        self._write_bodies(state, attempt)
+        self._write_runs(state, attempt)
+        if self.archive and (attempt.finished or doc.archive_tail is not None):
+            self._write_archive(doc, attempt, now)
+        data = state.encode()
+        check_encoded(data, f"state {self.store.url}/{self.key}")
+        self._state_bytes = len(data)
+        if self._version is None:
+            version = self.store.write(self.key, data, if_absent=True)
+            self._guard.created()
+        else:
+            version = self.store.write(self.key, data, if_version=self._version)
+        self._guard.wrote(doc)
+        self.metrics.state_writes += 1
+        self._version = version
+        self._synced_at = time.monotonic()
+        state.dirty = False
+        state.finished.clear()
+        try:
+            self._after_write(state)
+        except Exception:  # the commit landed: what follows only tidies up after it
+            log.exception("tidying up after a commit on %s failed", self.store.url)
+
+    def _write_archive(self, doc: StateDoc, attempt: Attempt, now: float) -> None:
+        """Put the records of the jobs this commit finishes in the state's archive tail, and
+        write the archive objects its plan calls for (:func:`plan_archive`). Before the state:
+        a job leaves the state only once its record is stored, here or in the state itself."""
+        records = [
+            ArchiveRecord(f.outcome, attempt.commit_id, self._inline(f.job))
+            for f in attempt.finished
+        ]
+        plan = plan_archive(
+            doc.archive_tail, records, attempt.commit_id, now, self.archive_tail_bytes
+        )
+        if plan is None:
+            return
+        doc.archive_tail = plan.tail
+        self._tail_bytes = plan.tail_bytes
+        for planned, held in plan.objects:
+            content = [(r.outcome, r.job.id) for r in held]
+            key = self._spare_holding(content) or planned
+            if not self._reuse(key, attempt):
+                self.store.write(key, encode_archive(held), if_absent=True)
+                self._wrote(attempt, key, content)
+                self.metrics.archive_writes += 1
+
+    def _after_write(self, state: QueueState) -> None:
+        """Forget and delete what the landed commit freed, and plan what comes next."""
+        unused, state.unused_bodies = state.unused_bodies, []
+        for key in unused:
+            self.bodies.forget(key)
+        self._janitor.delete(unused, "unused bodies object")
+        consumed, state.unused_runs = state.unused_runs, []
+        for key in consumed:
+            self._run_cache.pop(key, None)
+            self._key_cache.pop(key, None)
+        self._janitor.delete(consumed, "consumed run")
+        self._unbind_removed(state)
+        self._sweep(state)
+        if self.spill_at is not None:
+            self._merge_reads.plan(state, self._run_cache)
+
+    def _unbind_removed(self, state: QueueState) -> None:
+        """The queues this commit deleted (or found expired) lose their kombu bindings, off
+        the writer thread. If that fails, what those bindings route is dropped all the same
+        (a routed message never brings its queue back), and the next delete retries."""
+        removed, state.removed_queues = state.removed_queues, []
+        if not removed:
+            return
+
+        def unbind() -> None:
+            unbind_queues(self.store, removed)
+
+        self._janitor.run(unbind, f"the bindings of removed queues {removed}")
+
+    def _write_bodies(self, state: QueueState, attempt: Attempt) -> None:
+        """Move this commit's large payloads out of the state, unless it is small enough to
+        keep them. Bodies first: the state must never refer to an object that is not stored."""
+        if state.new_bodies and self._bodies_fit(state):
+            state.keep_bodies_inline()
+        if not state.new_bodies:
+            return
+        content = state.new_bodies_content()
+        key = self._spare_holding(content) or bodies_key(attempt.commit_id)
+        entries = state.externalize(key)
+        if entries and not self._reuse(key, attempt):
+            self.store.write(key, encode_bodies(entries), if_absent=True)
+            self._wrote(attempt, key, content)
+            self.bodies.remember(key, entries)
+            self.metrics.bodies_writes += 1
+
+    def _bodies_fit(self, state: QueueState) -> bool:
+        """Whether this commit's large payloads may stay in the state: it stays under
+        ``inline_state_bytes`` with them (as of its last size: close enough, and free)."""
+        added = sum(len(job.body) for job in state.new_bodies)
+        # The archive tail is not the state's to spend: it leaves for an object when it fills.
+        return self._state_bytes - self._tail_bytes + added <= self.inline_state_bytes
+
+    def _write_runs(self, state: QueueState, attempt: Attempt) -> None:
+        """Merge small runs and spill (when on), and write the runs this commit made: before
+        the head, which must never refer to a run that is not stored. A try that did not land
+        leaves them as orphans, deleted once a later try lands."""
+        if self.spill_at is not None:
+            key_for = functools.partial(run_key, state.doc.version, attempt.commit_id)
+            self._merge_reads.hand_over(self._run_cache)
+            self.metrics.runs_merged += state.merge_runs(key_for, self.run_jobs, MERGE_AT)
+            state.spill(self.spill_at, key_for, run_jobs=self.run_jobs)
+        for key, data in state.new_runs:
+            self.store.write(key, data, if_absent=True)
+            self._wrote(attempt, key, ("run", key))
+        state.new_runs.clear()
+
+    def _sweep(self, state: QueueState) -> None:
+        """After a commit landed: look for orphan runs, and for garbage, when either is due."""
+        self._sweep_runs(state)
+        if self.sweeper is not None:
+            self.sweeper.after_commit()
+
+    def _sweep_runs(self, state: QueueState) -> None:
+        """Now and then (first after this engine's first commit, so a process restarted after
+        a crash cleans up after it), delete the runs no commit can refer to any more: those a
+        process wrote before it died or lost its commit (:func:`orphan_runs`)."""
+        if self.spill_at is None and not state.doc.has_runs():
+            return
+        now = time.monotonic()
+        if now < self._next_run_sweep:
+            return
+        self._next_run_sweep = now + RUN_SWEEP_SECONDS
+        version = state.doc.version
+        referenced = state.doc.run_keys()
+
+        def find() -> list[str]:
+            return orphan_runs(self.store.list(RUNS_PREFIX), version, referenced)
+
+        self._janitor.sweep(find, "orphan run")
+
+    def _spare_holding(self, content: object) -> str | None:
+        """The key of an object a failed try of this batch wrote with exactly ``content``."""
+        for tried in self._failed_tries:
+            for key, held in tried.contents.items():
+                if held == content:
+                    return key
+        return None
+
+    def _reuse(self, key: str, attempt: Attempt) -> bool:
+        """Let ``attempt`` refer to ``key``, if a failed try of this batch wrote it."""
+        for tried in self._failed_tries:
+            if key in tried.contents:
+                self._wrote(attempt, key, tried.contents[key])
+                return True
+        return False
+
+    @staticmethod
+    def _wrote(attempt: Attempt, key: str, content: object) -> None:
+        attempt.written.append(key)
+        attempt.contents[key] = content
+
+    def _inline(self, job: Job) -> Job:
+        """``job`` with its body in place, for an archive record that stands on its own."""
+        try:
+            return self.bodies.fill(job, inline=True)
+        except ObjqError as exc:  # keep the reference rather than fail the commit
+            log.warning("archiving job %s without its body: %s", job.id, exc)
+            return job
+
+    def _delete_quietly(self, key: str, what: str) -> None:
+        self._janitor.delete_now(key, what)
