@@ -1,12 +1,16 @@
 """A local directory as an object store, with compare-and-set that holds across processes.
 
-Each key is a file under the root. A write goes to a temporary file in ``.objq-tmp/``, is
-fsynced, given a modification time strictly later than the one it replaces, renamed over the
-key's file, and the directory is fsynced, so a reader sees the old bytes or the new ones, never
-a torn mix, and a crash never leaves a half-written object.
+Each key is a file under the root. A write that may replace an object goes to a temporary file
+in ``.objq-tmp/``, is fsynced, given a modification time strictly later than the one it
+replaces, renamed over the key's file, and the directory is fsynced, so a reader sees the old
+bytes or the new ones, never a torn mix, and a crash never leaves a half-written object. A
+create-only write (a result, an archive object, a run) is written and fsynced as an unnamed
+file in the key's folder (``O_TMPFILE``, Linux) and linked in under the key's name, which fails
+if the name is taken: one step that needs no lock and leaves nothing behind after a crash.
+File systems without unnamed files stage and rename creates too.
 
-Writes take an exclusive ``flock`` on a per-key lock file in ``.objq-locks/`` around
-check-and-rename, and a delete removes the key's lock file with the key
+Writes that may replace an object take an exclusive ``flock`` on a per-key lock file in
+``.objq-locks/`` around check-and-rename, and a delete removes the key's lock file with the key
 (:mod:`~objq_broker.storage.locks`). (Over NFS, ``flock`` semantics depend on the server; use
 S3 or GCS to share a queue between hosts.)
 
@@ -14,7 +18,8 @@ A version is ``<mtime_ns>-<inode>``, read with ``fstat`` on the same descriptor 
 read from. Writes push mtime strictly forward per key, so a version never repeats even when an
 inode number is reused.
 
-Every write renames a file into its key's folder, so the kernel can report it as it happens:
+Every write renames or links a file into its key's folder, so the kernel can report it as it
+happens:
 :meth:`FileStore.watch_folder` (see :mod:`~objq_broker.storage.notify`) lets a waiter wake on
 another process's write instead of reading again at intervals.
 """
@@ -57,6 +62,9 @@ log = logging.getLogger("objq_broker.storage")
 TMP_DIR = ".objq-tmp"
 #: A temporary file this old is left by a write whose process died (swept when a store opens).
 STALE_TEMP_SECONDS = 3600.0
+#: How a file system says it has no unnamed files (``O_TMPFILE``), or a process cannot link
+#: one in through ``/proc``: creates are staged and renamed instead, from then on.
+_NO_UNNAMED_FILES = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT})
 
 
 def _version_of(stat: os.stat_result) -> str:
@@ -81,6 +89,8 @@ class FileStore(LocalStoreOps):
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self._root = Path(root).absolute()
         self._fsync = fsync
+        #: Creates are written as unnamed files and linked in (until the file system refuses).
+        self._link_creates = hasattr(os, "O_TMPFILE")
         self._locks = KeyLocks(self._root / LOCK_DIR)
         self._make_root()
         try:
@@ -200,8 +210,12 @@ class FileStore(LocalStoreOps):
         with self._errors(key):
             path.parent.mkdir(parents=True, exist_ok=True)
             # A write bound to lose is refused before its data is staged and fsynced; the
-            # check that counts is repeated under the lock.
+            # check that counts is repeated under the lock (or is the link of a create).
             self._check(path, if_version, if_absent, where)
+            if if_absent and self._link_creates:
+                version = self._create(path, data, where)
+                if version is not None:
+                    return version
             tmp = self._stage(data)
             try:
                 with self._locked(key):
@@ -216,6 +230,51 @@ class FileStore(LocalStoreOps):
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
+
+    def _create(self, path: Path, data: bytes, where: str) -> str | None:
+        """Create ``path`` holding ``data`` unless it exists, in one step: an unnamed file in
+        the key's folder is written, fsynced and linked in under the key's name, and the link
+        fails if the name is taken. None: this file system (or process) cannot, so the caller
+        stages and renames instead."""
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            try:
+                fd = os.open(".", os.O_WRONLY | os.O_TMPFILE, 0o666, dir_fd=folder)
+            except OSError as exc:
+                self._no_unnamed_files(exc)
+                return None
+            try:
+                _write_all(fd, data)
+                now = time.time_ns()  # the clock's full resolution, as a staged write's
+                os.utime(fd, ns=(now, now))
+                if self._fsync:
+                    os.fsync(fd)
+                try:
+                    # Through /proc: linkat() follows that link to the unnamed file itself.
+                    os.link(f"/proc/self/fd/{fd}", path.name, dst_dir_fd=folder)
+                except FileExistsError:
+                    self._check(path, None, True, where)  # raises, naming the version found
+                    raise PreconditionFailed(
+                        f"{where}: create-only write found an existing object (deleted since)"
+                    ) from None
+                except OSError as exc:
+                    self._no_unnamed_files(exc)
+                    return None
+                if self._fsync:
+                    os.fsync(folder)
+                return _version_of(os.fstat(fd))
+            finally:
+                os.close(fd)
+        finally:
+            os.close(folder)
+
+    def _no_unnamed_files(self, exc: OSError) -> None:
+        """Creates go back to staging and renaming for good, if ``exc`` says the file system
+        has no unnamed files; any other error is raised."""
+        if exc.errno not in _NO_UNNAMED_FILES:
+            raise exc
+        log.debug("%s: creates are staged and renamed: %s", self.url, exc)
+        self._link_creates = False
 
     def _check(self, path: Path, if_version: str | None, if_absent: bool, where: str) -> str | None:
         """The key's current version, if the write's condition holds; else raise
@@ -311,3 +370,9 @@ class FileStore(LocalStoreOps):
 
     def close(self) -> None:
         """Nothing is held open between calls."""
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -2,12 +2,13 @@
 waiting for an object of a ``file://`` store wakes when it is written, instead of reading it
 again and again.
 
-The file store writes an object by renaming a finished file into place, so every write is one
-``IN_MOVED_TO`` event in the object's folder, carrying the object's name; a delete is one
-``IN_DELETE``. One inotify instance and one daemon thread serve the whole process: a
-:class:`Subscription` names a folder and a callback, and the thread calls the callback with
-each name written or deleted there, or with None when the kernel dropped events (its queue
-overflowed) or the folder went away, meaning "anything may have changed".
+The file store writes an object by renaming a finished file into place, or by linking a new
+one in, so every write is one ``IN_MOVED_TO`` or ``IN_CREATE`` event in the object's folder,
+carrying the object's name; a delete is one ``IN_DELETE``. One inotify instance and one
+daemon thread serve the whole process: a :class:`Subscription` names a folder and a callback,
+and the thread calls the callback with each name written or deleted there, or with None when
+the kernel dropped events (its queue overflowed) or the folder went away, meaning "anything may
+have changed".
 
 Where there is no inotify (macOS, Windows), where the folder does not exist yet, or where the
 user's inotify limits are reached, :func:`subscribe` returns None and the caller reads at
@@ -35,10 +36,12 @@ OnChange = Callable[[str | None], None]
 
 # From <sys/inotify.h>.
 IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
 IN_DELETE = 0x00000200
 IN_Q_OVERFLOW = 0x00004000
 IN_IGNORED = 0x00008000
 IN_ONLYDIR = 0x01000000
+IN_ISDIR = 0x40000000
 IN_CLOEXEC = os.O_CLOEXEC
 #: struct inotify_event: watch descriptor, mask, cookie, length of the name that follows.
 _EVENT = struct.Struct("iIII")
@@ -74,7 +77,7 @@ class _Watcher:
         with self._lock:
             # Watching a folder watched already returns its descriptor again.
             wd = self._libc.inotify_add_watch(
-                self.fd, os.fsencode(folder), IN_MOVED_TO | IN_DELETE | IN_ONLYDIR
+                self.fd, os.fsencode(folder), IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_ONLYDIR
             )
             if wd < 0:  # no such folder, not a folder, or the user's limit of watches
                 return None
@@ -126,6 +129,8 @@ class _Watcher:
                 changes.append((None, None))
             elif mask & IN_IGNORED:  # the folder was deleted or moved: nothing more from it
                 changes.append((wd, None))
+            elif mask & IN_ISDIR:  # a folder made or deleted in the watched one: no object
+                continue
             else:
                 changes.append((wd, named))
         with self._lock:

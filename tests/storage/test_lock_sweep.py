@@ -3,8 +3,8 @@
 Releases before 2026-11-28 left one lock file behind for every key they ever wrote (every
 result, every archive object); a key's delete now takes its lock file with it, and a sweep
 (``objq gc``, the hourly background collection, results purge) deletes those left before.
-A leftover is made here the way such a release made it: the key written, then its file
-deleted without its lock file.
+A leftover is made here the way such a release made it: the key written (replacing it, as a
+write that takes the key's lock file does), then its file deleted without its lock file.
 """
 
 from __future__ import annotations
@@ -25,9 +25,14 @@ from objq_broker.storage.metered import MeteredStore
 HOUR = 3600.0
 
 
+def write_locked(store: FileStore, key: str) -> str:
+    """Create ``key`` and replace it: the replacing write takes the key's lock file."""
+    return store.write(key, b"{}", if_version=store.write(key, b"{}", if_absent=True))
+
+
 def leave_lock_behind(store: FileStore, root: Path, key: str) -> None:
     """Write ``key``, then delete its file as a release before the sweep did."""
-    store.write(key, b"{}", if_absent=True)
+    write_locked(store, key)
     (root / key).unlink()
 
 
@@ -48,7 +53,7 @@ def test_a_sweep_deletes_old_lock_files_of_gone_keys_and_keeps_every_other(
     # Given live keys, two keys gone an hour ago that left their lock files, and one just now
     store = FileStore(tmp_path)
     for key in ("a/1", "a/2", "state.json"):
-        store.write(key, b"{}", if_absent=True)
+        write_locked(store, key)
     for key in ("gone/1", "gone/2"):
         leave_lock_behind(store, tmp_path, key)
     age(tmp_path, 2 * HOUR)
@@ -67,8 +72,8 @@ def test_a_sweep_deletes_old_lock_files_of_gone_keys_and_keeps_every_other(
     assert store.sweep_locks(HOUR) == 0
     # And the keys still take part in compare-and-set: a gone key is written again
     version = store.write("gone/1", b"again", if_absent=True)
-    assert lock_name("gone/1") in locks(tmp_path)
     assert store.write("gone/1", b"next", if_version=version) != version
+    assert lock_name("gone/1") in locks(tmp_path)
     assert store.get("a/1") == b"{}"
 
 
