@@ -62,9 +62,12 @@ log = logging.getLogger("objq_broker.storage")
 TMP_DIR = ".objq-tmp"
 #: A temporary file this old is left by a write whose process died (swept when a store opens).
 STALE_TEMP_SECONDS = 3600.0
-#: How a file system says it has no unnamed files (``O_TMPFILE``), or a process cannot link
-#: one in through ``/proc``: creates are staged and renamed instead, from then on.
-_NO_UNNAMED_FILES = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT})
+#: How a file system says it has no unnamed files (``O_TMPFILE``; a kernel before them reads
+#: the flag as ``O_DIRECTORY``), and how a link to one fails where there is no ``/proc`` or no
+#: hard links: creates are staged and renamed instead, from then on.
+_NO_UNNAMED_FILES = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
+_NO_LINKS = frozenset({errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM, errno.EXDEV})
+_PROC_FDS = "/proc/self/fd"
 
 
 def _version_of(stat: os.stat_result) -> str:
@@ -241,7 +244,7 @@ class FileStore(LocalStoreOps):
             try:
                 fd = os.open(".", os.O_WRONLY | os.O_TMPFILE, 0o666, dir_fd=folder)
             except OSError as exc:
-                self._no_unnamed_files(exc)
+                self._stop_linking(exc, exc.errno in _NO_UNNAMED_FILES)
                 return None
             try:
                 _write_all(fd, data)
@@ -251,14 +254,15 @@ class FileStore(LocalStoreOps):
                     os.fsync(fd)
                 try:
                     # Through /proc: linkat() follows that link to the unnamed file itself.
-                    os.link(f"/proc/self/fd/{fd}", path.name, dst_dir_fd=folder)
+                    os.link(f"{_PROC_FDS}/{fd}", path.name, dst_dir_fd=folder)
                 except FileExistsError:
                     self._check(path, None, True, where)  # raises, naming the version found
                     raise PreconditionFailed(
                         f"{where}: create-only write found an existing object (deleted since)"
                     ) from None
                 except OSError as exc:
-                    self._no_unnamed_files(exc)
+                    no_proc = exc.errno == errno.ENOENT and not os.path.isdir(_PROC_FDS)
+                    self._stop_linking(exc, no_proc or exc.errno in _NO_LINKS)
                     return None
                 if self._fsync:
                     os.fsync(folder)
@@ -268,10 +272,10 @@ class FileStore(LocalStoreOps):
         finally:
             os.close(folder)
 
-    def _no_unnamed_files(self, exc: OSError) -> None:
-        """Creates go back to staging and renaming for good, if ``exc`` says the file system
-        has no unnamed files; any other error is raised."""
-        if exc.errno not in _NO_UNNAMED_FILES:
+    def _stop_linking(self, exc: OSError, cannot: bool) -> None:
+        """Creates go back to staging and renaming for good when this file system or process
+        ``cannot`` link unnamed files in, as ``exc`` says; any other error is raised."""
+        if not cannot:
             raise exc
         log.debug("%s: creates are staged and renamed: %s", self.url, exc)
         self._link_creates = False

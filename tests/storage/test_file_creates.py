@@ -92,14 +92,22 @@ def test_the_kernel_reports_a_create(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("step", "error"),
-    [("open", errno.EOPNOTSUPP), ("open", errno.EISDIR), ("link", errno.ENOENT)],
-    ids=["no unnamed files", "a kernel before them", "no /proc"],
+    [
+        ("open", errno.EOPNOTSUPP),
+        ("open", errno.EISDIR),
+        ("link", errno.EPERM),
+        ("link", errno.ENOENT),
+    ],
+    ids=["no unnamed files", "a kernel before them", "no hard links", "no /proc"],
 )
 def test_where_unnamed_files_cannot_be_made_creates_are_staged_and_renamed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, error: int
 ) -> None:
     # Given a file system (or a process) that refuses one step of a linked create
     real_open, real_link = os.open, os.link
+    if error == errno.ENOENT:
+        real_isdir = os.path.isdir
+        monkeypatch.setattr(os.path, "isdir", lambda p: p != "/proc/self/fd" and real_isdir(p))
 
     def refusing_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         if step == "open" and flags & os.O_TMPFILE == os.O_TMPFILE:
@@ -144,3 +152,29 @@ def test_any_other_error_of_a_create_is_raised(
         store.write("a", b"1", if_absent=True)
     assert type(raised.value).__module__ == "objq_broker.errors"
     assert store.read("a") is None
+
+
+def test_a_create_whose_folder_went_away_fails_and_later_creates_still_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a link that finds its folder gone once (deleted by hand under the store)
+    real_link = os.link
+    failures = [errno.ENOENT]
+
+    def vanished_once(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        if failures:
+            raise OSError(failures.pop(), "No such file or directory")
+        real_link(src, dst, *args, **kwargs)
+
+    store = FileStore(tmp_path)
+    monkeypatch.setattr(os, "link", vanished_once)
+
+    # When a create meets it, and another comes after
+    with pytest.raises(Exception, match="No such file") as raised:
+        store.write("a", b"1", if_absent=True)
+    store.write("b", b"2", if_absent=True)
+
+    # Then the first failed as a storage error (a commit retries it), and the next one was
+    # still linked in: it took no lock file
+    assert type(raised.value).__module__ == "objq_broker.errors"
+    assert store.get("b") == b"2" and os.listdir(tmp_path / LOCK_DIR) == []
