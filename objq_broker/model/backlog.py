@@ -1,9 +1,10 @@
 """The backlog out of the head: runs of jobs, dead letters and idempotency keys that a commit
 wrote as objects of their own, and that the state refers to (``docs/segments.md``).
 
-:meth:`~BacklogState.spill` moves the oldest part of a long queue out of the head, so a commit
-costs the same however deep the backlog; claims take from the runs in order, merging them back
-in as the head empties. Everything here is pure: the engine reads the runs a batch needs
+:meth:`~BacklogState.spill` moves a queue's ready and delayed jobs into runs once the head holds
+more than a bound of them, so a commit costs the same however deep the backlog; a claim takes
+the jobs of the runs in order and moves them into the head, and small runs are merged. Nothing
+here does I/O: the engine reads the runs a batch needs
 (:func:`~objq_broker.model.ops.runs_needed`) and writes the runs made here before the head.
 """
 
