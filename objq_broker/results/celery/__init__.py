@@ -20,11 +20,12 @@ Celery's key-value backend over :class:`~objq_broker.results.store.ResultStore`:
 * **Chords** count their header in one counter object, changed by compare-and-set, that holds
   each part's result keyed by task id and place in the header, so a header task that runs
   twice (redelivered after its worker died before acking) counts once. The report that
-  completes the header claims the callback for a while (:data:`CHORD_CLAIM_SECONDS`), sends
-  it, and marks the chord done; a report arriving meanwhile waits for that, and takes the
-  claim over only if it lapses (the claimant died before sending). The callback runs once,
-  unless its claimant dies between sending it and the write that marks the chord done (or
-  stalls longer than its claim) and a copy of a header task arrives then.
+  completes the header claims the callback for a while
+  (:data:`~objq_broker.results.celery.chords.CHORD_CLAIM_SECONDS`), sends it, and marks the
+  chord done; a report arriving meanwhile waits for that, and takes the claim over only if it
+  lapses (the claimant died before sending). The callback runs once, unless its claimant dies
+  between sending it and the write that marks the chord done (or stalls longer than its claim)
+  and a copy of a header task arrives then.
 * **Expiry**: ``result_expires`` is each record's lifetime (``result_failure_expires`` that of
   failures, ``result_chord_expires`` that of chord counters); an expired record reads as
   absent, and :meth:`ObjqBackend.cleanup` (Celery's daily ``backend_cleanup`` task) deletes it.
