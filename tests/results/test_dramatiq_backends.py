@@ -64,6 +64,16 @@ def test_ttls_must_be_positive_milliseconds(store: ObjectStore) -> None:
     assert store.list("") == [], "a refused call wrote something"
 
 
+class SteppedClock:
+    """A clock that moves only when told: a slow server cannot expire anything early."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
 # --- results ---------------------------------------------------------------------------------
 
 
@@ -71,6 +81,8 @@ def test_results_are_read_back_until_their_ttl_passes(store_url: str, store: Obj
     # A worker's backend and a client's, each with its own store object on the same storage
     worker_side = ObjqResultBackend(url=store_url)
     client_side = ObjqResultBackend(store=store)
+    clock = SteppedClock()
+    worker_side.records.clock = client_side.records.clock = clock
     short, kept, unknown = a_message(), a_message(), a_message()
     worker_side.store_result(short, {"sum": 42}, ttl=1000)
     worker_side.store_result(kept, [1, 2], ttl=600_000)
@@ -83,7 +95,7 @@ def test_results_are_read_back_until_their_ttl_passes(store_url: str, store: Obj
     assert len(store.list("")) == 2
     assert len(store.list("results/")) == 2
 
-    time.sleep(1.1)
+    clock.now += 1.001
     with pytest.raises(ResultMissing):
         client_side.get_result(short)
     assert client_side.get_result(kept) == [1, 2]
@@ -296,18 +308,21 @@ def test_add_incr_and_decr_respect_their_bounds_under_concurrency(store: ObjectS
 
 def test_counters_expire_after_their_ttl_in_milliseconds(store: ObjectStore) -> None:
     backend = ObjqRateLimiterBackend(store=store)
+    backend.records.clock = clock = SteppedClock()
     assert backend.add("mutex", 1, ttl=300)
+    clock.now += 0.299
     assert not backend.add("mutex", 1, ttl=300)
-    time.sleep(0.5)
+    clock.now += 0.002
     assert backend.add("mutex", 1, ttl=300), "an expired counter still blocked add"
 
 
 def test_a_short_lived_counter_does_not_cut_a_long_one_short(store: ObjectStore) -> None:
     # Both keys belong to limiter "shared", so they share one object
     backend = ObjqRateLimiterBackend(store=store)
+    backend.records.clock = clock = SteppedClock()
     assert backend.add("shared", 1, ttl=600_000)
     assert backend.add("shared@1", 1, ttl=200)
-    time.sleep(0.4)
+    clock.now += 0.4
     assert not backend.add("shared", 1, ttl=600_000), "the long-lived counter was lost"
     assert backend.add("shared@1", 1, ttl=200), "the short-lived counter did not expire"
 
