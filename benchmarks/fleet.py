@@ -27,7 +27,16 @@ persistence), ``--messages`` in all per measurement. Each process sends one unti
 message first (connections, queue declarations). objq's publish returns once the message is
 durable, as always. Rate = messages / (last process done - common start). The Redis rows are
 measured against a local redis-server when one is installed; without ``redis-server`` on PATH
-they are skipped with one line, the objq rows still run, and "objq / redis" reads ``n/a``.
+they are skipped with one line, the objq rows still run, and "/ redis" reads ``n/a``.
+
+Two more rows per framework bound what any broker could do here. **In-process** sends to a
+broker inside each process that does nothing with a message but keep it (Dramatiq's
+``StubBroker``, kombu's ``memory://``): the framework's own cost, no I/O. **objq elected
+file:// without fsync** is objq's whole path with the disk's waits taken out
+(``?fsync=false``; never a setting to deploy). Each row also gives the CPU time of every
+process on the path (the producers, among them objq's elected broker; redis-server) per
+message sent, read from ``/proc`` between the common start and the last send, and the rate
+those CPU costs allow on this machine's cores, were nothing else ever waited for.
 
 In both parts the producers start together once all are ready, and stay open until all have
 finished: one that closed early would hand the elected broker over during the measurement.
@@ -68,6 +77,7 @@ from typing import TYPE_CHECKING, Any
 import dramatiq
 from celery import Celery
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.stub import StubBroker
 from provenance import objq_revision
 
 import objq_broker.kombu  # noqa: F401  (registers the objq+... broker URLs)
@@ -88,6 +98,10 @@ WORKER_PROCESSES = 4
 WORKER_THREADS = 4
 PUBLISH_PROCESSES = 4
 PUBLISH_THREADS = 4
+#: Part 2's broker inside each producer process (Dramatiq's StubBroker, kombu's memory://).
+IN_PROCESS = "memory://localhost/"
+#: Part 2's row of objq with the disk's waits taken out.
+NO_FSYNC = "objq elected file:// without fsync"
 MODES = {"direct": "off", "elected": "auto"}
 #: Seconds a fleet gets to boot (every worker process ready) before the case fails.
 BOOT_TIMEOUT_SECONDS = 120.0
@@ -201,7 +215,8 @@ Send = Callable[[int, int], object]
 
 def open_sender(framework: str, broker_url: str) -> tuple[Send, Callable[[], None]]:
     """``(send(producer, seq), close)`` for ``framework`` on ``broker_url`` (``objq+<store>``
-    for objq, whose mode comes from ``$OBJQ_BROKER``; ``redis://...`` for Redis)."""
+    for objq, whose mode comes from ``$OBJQ_BROKER``; ``redis://...`` for Redis;
+    ``memory://`` for a broker inside the process that only keeps what it is sent)."""
     if framework == "celery":
         app = celery_app(broker_url)
         task = app.tasks[CELERY_TASK]
@@ -216,6 +231,8 @@ def open_sender(framework: str, broker_url: str) -> tuple[Send, Callable[[], Non
         return (lambda producer, seq: task.apply_async(args=(producer, seq))), close
     if broker_url.startswith("objq+"):
         broker: dramatiq.Broker = ObjqBroker(url=broker_url.removeprefix("objq+"))
+    elif broker_url == IN_PROCESS:
+        broker = StubBroker()
     else:
         broker = RedisBroker(url=broker_url)
     return declare_actor(broker).send, broker.close
@@ -365,14 +382,31 @@ def split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) process ``pid`` has used so far, from ``/proc``."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) ": state is field 3
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class ProducersRun:
+    start: float  # time.time() of the common start
+    tallies: list[Tally]  # by producer index
+    cpu_seconds: float  # of the producers and the other processes measured, start to last send
+
+
 def run_producers(
     target: Callable[[dict[str, str], Any, Signals], None],
     jobs: list[Any],
     env: dict[str, str],
     timeout: float,
-) -> tuple[float, list[Tally]]:
+    measure_too: Sequence[int] = (),
+) -> ProducersRun:
     """Start one spawned process per job, start them together once all are ready, and
-    return (the common start, their tallies). Every process is gone when this returns."""
+    report the run, with the CPU time of the producers and of the processes ``measure_too``
+    (a server on the path) from the common start to the last tally. Every producer is gone
+    when this returns."""
     context = mp.get_context("spawn")
     signals = Signals(
         context.Queue(), context.Event(), context.Value("d", 0.0), context.Queue(), context.Event()
@@ -384,13 +418,18 @@ def run_producers(
         for process in processes:
             process.start()
         _gather(signals.ready, processes, PRODUCER_READY_TIMEOUT_SECONDS, "ready")
-        signals.start_at.value = time.time() + START_DELAY_SECONDS
+        start = time.time() + START_DELAY_SECONDS
+        signals.start_at.value = start
         signals.go.set()
+        pids = [*(p.pid for p in processes if p.pid is not None), *measure_too]
+        time.sleep(max(0.0, start - time.time()))
+        cpu_at_start = sum(cpu_seconds(pid) for pid in pids)
         tallies: list[Tally] = _gather(signals.out, processes, timeout, "done")
+        cpu = sum(cpu_seconds(pid) for pid in pids) - cpu_at_start
         signals.release.set()
         for process in processes:
             process.join(STOP_GRACE_SECONDS)
-        return signals.start_at.value, sorted(tallies, key=lambda t: t.index)
+        return ProducersRun(start, sorted(tallies, key=lambda t: t.index), cpu)
     finally:
         for process in processes:
             _stop_process(process)
@@ -633,7 +672,8 @@ def run_fleet_case(
     try:
         wait_for_fleet(fleet, folder, worker_log)
         jobs = [WindowJob(i, args.seconds, producer_log(i)) for i in range(producers)]
-        result.window_start, tallies = run_producers(produce_window, jobs, env, args.seconds + 120)
+        run = run_producers(produce_window, jobs, env, args.seconds + 120)
+        result.window_start, tallies = run.start, run.tallies
         record_sends(result, tallies)
         drain(result, fleet, folder, result.window_start + args.seconds, args.drain_cap)
     except (RuntimeError, subprocess.SubprocessError) as exc:
@@ -726,13 +766,14 @@ def stop_fleet(fleet: subprocess.Popen[bytes]) -> bool:
 @dataclass
 class PublishResult:
     framework: str
-    target: str  # "objq elected file://" or "redis"
+    target: str  # "in-process", "objq elected file://", NO_FSYNC or "redis"
     start: float = 0.0  # time.time() of the common start
     messages: int = 0
     seconds: float = 0.0
     failed: int = 0
     errors: list[str] = field(default_factory=list)
     stored: int | None = None  # objq: messages in the queue afterwards (warm-ups included)
+    cpu_seconds: float = 0.0  # CPU time of every process on the path, over the measurement
     logs: LogSummary = field(default_factory=LogSummary)
     failure: str | None = None  # the case could not run to its end
 
@@ -740,19 +781,36 @@ class PublishResult:
     def rate(self) -> float:
         return self.messages / self.seconds if self.seconds else 0.0
 
+    @property
+    def cpu_ms_per_message(self) -> float:
+        return 1000 * self.cpu_seconds / self.messages if self.messages else 0.0
+
+    @property
+    def cpu_bound_rate(self) -> float:
+        """Messages/s this machine's cores allow at this CPU cost per message."""
+        cores = os.cpu_count() or 1
+        return cores * 1000 / self.cpu_ms_per_message if self.cpu_ms_per_message else 0.0
+
 
 def run_publish_case(
-    framework: str, target: str, broker_url: str, env: dict[str, str], args: argparse.Namespace
+    framework: str,
+    target: str,
+    broker_url: str,
+    env: dict[str, str],
+    args: argparse.Namespace,
+    *,
+    server_pids: Sequence[int] = (),
 ) -> PublishResult:
     result = PublishResult(framework, target, start=time.time())
-    slug = f"publish-{framework}-{target.split(maxsplit=1)[0]}"
+    slug = re.sub(r"[^a-z0-9]+", "-", f"publish {framework} {target}".lower()).strip("-")
     counts = split(args.messages, PUBLISH_PROCESSES)
     jobs = [
         BatchJob(i, framework, broker_url, n, PUBLISH_THREADS, args.logs_dir / f"{slug}-{i}.log")
         for i, n in enumerate(counts)
     ]
     try:
-        result.start, tallies = run_producers(publish_batch, jobs, env, timeout=600.0)
+        run = run_producers(publish_batch, jobs, env, timeout=600.0, measure_too=server_pids)
+        result.start, tallies, result.cpu_seconds = run.start, run.tallies, run.cpu_seconds
         result.messages = sum(t.sent for t in tallies)
         result.seconds = max(t.finished for t in tallies) - result.start
         result.failed = sum(t.failed for t in tallies)
@@ -822,10 +880,12 @@ def _pairs(results: list[FleetResult]) -> dict[tuple[str, str], dict[int, FleetR
 
 
 def publish_table(results: list[PublishResult]) -> str:
+    cores = os.cpu_count() or 1
     lines = [
-        "| framework | broker | messages | seconds | msg/s | objq / redis | failed sends "
+        "| framework | broker | messages | seconds | msg/s | / redis | CPU ms per message "
+        f"| msg/s its CPU allows on {cores} cores | failed sends "
         f"| stored afterwards (with {PUBLISH_PROCESSES} warm-ups) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if r.failure is not None:
@@ -844,7 +904,8 @@ def publish_table(results: list[PublishResult]) -> str:
         stored = "" if r.stored is None else f"{r.stored:,}"
         lines.append(
             f"| {r.framework} | {r.target} | {r.messages:,} | {r.seconds:.2f} | {r.rate:,.0f} "
-            f"| {ratio} | {r.failed:,} | {stored} |"
+            f"| {ratio} | {r.cpu_ms_per_message:.3f} | {r.cpu_bound_rate:,.0f} | {r.failed:,} "
+            f"| {stored} |"
         )
     return "\n".join(lines)
 
@@ -975,14 +1036,19 @@ def publish_all(
     results: list[PublishResult] = []
     for framework in args.frameworks:
         folder = Path(tempfile.mkdtemp(prefix="publish-", dir=args.scratch))
+        unsynced = Path(tempfile.mkdtemp(prefix="publish-nofsync-", dir=args.scratch))
         objq_env = {"OBJQ_BROKER": "auto"}
-        cases = [("objq elected file://", f"objq+{folder.as_uri()}", objq_env)]
+        cases: list[tuple[str, str, dict[str, str], list[int]]] = [
+            ("in-process", IN_PROCESS, {}, []),
+            (NO_FSYNC, f"objq+{unsynced.as_uri()}?fsync=false", objq_env, []),
+            ("objq elected file://", f"objq+{folder.as_uri()}", objq_env, []),
+        ]
         if redis_server is not None:
-            cases.append(("redis", redis_server.url, {}))
-        for target, url, env in cases:
+            cases.append(("redis", redis_server.url, {}, [redis_server.process.pid]))
+        for target, url, env, server_pids in cases:
             if redis_server is not None:
                 redis_server.flush()
-            result = run_publish_case(framework, target, url, env, args)
+            result = run_publish_case(framework, target, url, env, args, server_pids=server_pids)
             results.append(result)
             outcome = (
                 f"FAILED: {' '.join(result.failure.split())[:300]}"
@@ -991,6 +1057,7 @@ def publish_all(
             )
             print(f"  publish {framework:<8} {target:<22} {outcome}", flush=True)
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(unsynced, ignore_errors=True)
     return results
 
 
