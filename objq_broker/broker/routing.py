@@ -1,0 +1,313 @@
+"""Where a session goes: the route half of :class:`~objq_broker.broker.elected.ElectedCommitter`.
+
+A route is one of three: this process's own broker engine (it holds the broker record, and
+serves the others through :class:`~objq_broker.broker.server.BrokerServer`), a link to the
+process that holds it, or a direct engine that commits by compare-and-set. :class:`BrokerRouting`
+reads the record, follows the broker it names, asks an unreachable one who it is, takes over
+when it is gone for ``takeover_seconds`` (``auto`` mode), steps down when fenced, and relays
+the broker's commit notices to this process's claimers. The session half (batching, sending,
+waiting claims, closing) is :mod:`~objq_broker.broker.elected`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from objq_broker.broker import wire
+from objq_broker.broker.client import BrokerLink
+from objq_broker.broker.server import BrokerServer
+from objq_broker.broker.settings import BrokerSettings
+from objq_broker.engine.batch import NOT_READIED, ReadyMark
+from objq_broker.engine.bodies import BodyCache
+from objq_broker.engine.commit import Engine
+from objq_broker.engine.snapshot import Snapshot
+from objq_broker.errors import (
+    BrokerTaken,
+    BrokerUnreachable,
+    ObjqError,
+    StorageUnavailable,
+    WriterFenced,
+)
+from objq_broker.model.ops import TakeBroker
+from objq_broker.model.records import BrokerRecord
+from objq_broker.storage.base import ObjectStore
+
+log = logging.getLogger("objq_broker.broker")
+
+#: Pause between looks while the broker is unreachable (hello, then the record).
+RETRY_PAUSE_SECONDS = 0.25
+#: How long a read of the broker record is trusted while no broker can be reached.
+RECORD_RECHECK_SECONDS = 1.0
+
+Target = Engine | BrokerLink
+
+
+class BrokerRouting:
+    """The route-finding layer of :class:`~objq_broker.broker.elected.ElectedCommitter`:
+    what it knows of the namespace's broker, and how it elects, follows and fails over."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        settings: BrokerSettings,
+        *,
+        commit_deadline_seconds: float,
+        engine_options: dict[str, Any] | None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.commit_deadline_seconds = commit_deadline_seconds
+        self.bodies = BodyCache(store)
+        self._engine_options = dict(engine_options or {})
+        self._engine_options["commit_deadline_seconds"] = commit_deadline_seconds
+        self._closing = False
+        self._listeners: list[Callable[[], None]] = []
+        self._retired: list[Engine] = []  # engines this process led with before
+        self._leader: Engine | None = None
+        self._server: BrokerServer | None = None
+        self._direct: Engine | None = None
+        self._link: BrokerLink | None = None
+        self._record: BrokerRecord | None = None  # the broker _link (or _leader) stands for
+        self._record_read_at = float("-inf")
+        self._unreachable_since: float | None = None
+        self._last_error: Exception | None = None
+        self._used: Target | None = None  # the route the last session took
+        self._readied_seen: ReadyMark = NOT_READIED  # the leader engine's mark at the last wake-up
+        self._readied_notices = 0  # commits known to have made jobs claimable (see readied)
+
+    @property
+    def role(self) -> str:
+        """Where the last session went: 'leader' (this process's own engine), 'follower of
+        <address>', 'direct', or 'unresolved' before the first."""
+        used = self._used
+        if used is None:
+            return "unresolved"
+        if isinstance(used, BrokerLink):
+            return f"follower of {used.address}"
+        return "leader" if used is self._leader else "direct"
+
+    @property
+    def record(self) -> BrokerRecord | None:
+        """The broker this process last used (its own record when it leads)."""
+        return self._record
+
+    @property
+    def readied(self) -> int:
+        """A mark that moves whenever this process learns of a commit that made jobs
+        claimable: its broker's notice, or a commit of its own engine (leading, or direct).
+        Not moved by the mere return of a session, which wakes local claimers all the same."""
+        return self._readied_notices
+
+    @property
+    def parked_claims(self) -> int:
+        """Claims waiting for jobs at this process, when it is the broker (0 otherwise)."""
+        server = self._server
+        return 0 if server is None else len(server.park)
+
+    @property
+    def leader_engine(self) -> Engine | None:
+        return self._leader
+
+    # --- finding the route -----------------------------------------------------------------
+
+    def _route(self, deadline: float) -> Target:
+        """The engine or link the next session goes to, electing or waiting as needed."""
+        while True:
+            if self._closing and self._unreachable_since is not None:
+                return self._direct_engine()  # what is left on the way out: commit it here
+            if self._leader is not None:
+                if self._leader.fenced is None:
+                    return self._leader
+                self._drop_leader(grace=0.5)
+            if self._link is not None and self._unreachable_since is None:
+                return self._link
+            if time.monotonic() >= deadline:
+                raise BrokerUnreachable(
+                    f"{self.store.url}: no broker reachable within "
+                    f"{self.commit_deadline_seconds:g} s; last error: {self._last_error}"
+                )
+            try:
+                target = self._resolve()
+            except StorageUnavailable as exc:  # transient: look again until the deadline
+                log.info("looking for the broker of %s, retrying: %s", self.store.url, exc)
+                self._last_error = exc
+                target = None
+            if target is not None:
+                return target
+            time.sleep(RETRY_PAUSE_SECONDS)
+
+    def _resolve(self) -> Target | None:
+        """One look for a route; None to look again after a pause."""
+        if self.settings.mode == "fixed":
+            return self._fixed_link()
+        record = self._read_record()
+        if record != self._record or (record is not None and self._link is None):
+            self._follow(record)
+            if self._link is not None and self._reachable(self._link, record):
+                return self._link
+        elif self._link is not None and self._reachable(self._link, record):
+            return self._link  # slow, not gone: it gets the same session again
+        if record is not None and not self._waited_out():
+            return None
+        if self.settings.mode == "auto":
+            return self._take_over(record)
+        return self._direct_engine()
+
+    def _fixed_link(self) -> Target | None:
+        address = self.settings.address or ""
+        if self._link is None:
+            self._link = self._open_link(address)
+        if self._unreachable_since is None:
+            return self._link
+        self._unreachable_since = None  # try it again after the pause
+        return None
+
+    def _follow(self, record: BrokerRecord | None) -> None:
+        """Point at ``record``'s broker (or at none)."""
+        self._drop_link()
+        self._record = record
+        self._unreachable_since = None
+        if record is not None:
+            self._link = self._open_link(record.address, tls=record.tls)
+            threading.Thread(
+                target=self._watch, args=(self._link,), name="objq-broker-watch", daemon=True
+            ).start()
+
+    def _reachable(self, link: BrokerLink, record: BrokerRecord | None) -> bool:
+        """Whether ``link`` answers as ``record``'s broker (another process on a reused port,
+        or a broker of another namespace, does not count)."""
+        try:
+            hello = link.hello()
+        except BrokerUnreachable as exc:
+            self._lost(exc)
+            return False
+        if record is not None and hello.broker != record.id:
+            self._lost(
+                BrokerUnreachable(
+                    f"{link.address} answers as broker {hello.broker!r} of "
+                    f"{hello.namespace!r}, not {record.id!r} of {self.store.url!r}"
+                )
+            )
+            return False
+        self._unreachable_since = None
+        return True
+
+    def _lost(self, exc: Exception, *, since: float | None = None, fenced: bool = False) -> None:
+        """The current broker failed us (``since``: when the failed call began)."""
+        self._last_error = exc
+        if fenced:
+            self._record = None  # read the record again at once
+            self._record_read_at = float("-inf")
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic() if since is None else since
+
+    def _waited_out(self) -> bool:
+        since = self._unreachable_since
+        return since is not None and time.monotonic() - since >= self.settings.takeover_seconds
+
+    def _read_record(self) -> BrokerRecord | None:
+        fresh = time.monotonic() - self._record_read_at >= RECORD_RECHECK_SECONDS
+        if not fresh and (self._unreachable_since is not None or self._link is None):
+            return self._record  # no broker to be had a moment ago: not worth a read per batch
+        # A plain read: a commit here would also requeue expired leases, and the operation
+        # this route is found for (``expire()``, say) would then report what it did as done.
+        record = Snapshot.read(self.store).broker
+        self._record_read_at = time.monotonic()
+        return record
+
+    def _direct_engine(self) -> Engine:
+        if self._direct is None:
+            self._direct = Engine(self.store, bodies=self.bodies, **self._engine_options)
+            self._direct.on_commit(functools.partial(self._notify_if_readied, self._direct))
+        return self._direct
+
+    def _take_over(self, seen: BrokerRecord | None) -> Target | None:
+        """Become the broker, if the record still says ``seen``; None when another won."""
+        engine = Engine(self.store, exclusive=True, bodies=self.bodies, **self._engine_options)
+        settings = self.settings
+        server = BrokerServer(
+            engine, listen=settings.listen, token=settings.token, tls=settings.tls
+        )
+        server.start()
+        record = BrokerRecord(
+            id=uuid.uuid4().hex,
+            address=settings.advertise or server.address,
+            epoch=0,
+            since=0.0,
+            tls=settings.tls is not None,
+        )
+        try:
+            won = engine.submit(TakeBroker(record, None if seen is None else seen.epoch)).result()
+        except (BrokerTaken, WriterFenced) as exc:
+            log.info("another process became the broker first: %s", exc)
+            server.stop(grace=0)
+            self._record_read_at = float("-inf")
+            return None
+        except BaseException:
+            server.stop(grace=0)
+            raise
+        engine.epoch = won.epoch
+        server.hello = wire.Hello(won.id, self.store.url, won.epoch)
+        engine.on_commit(functools.partial(self._notify_if_readied, engine))
+        self._drop_link()
+        self._leader, self._server, self._record = engine, server, won
+        self._unreachable_since = None
+        log.info("broker of %s at %s (epoch %d)", self.store.url, won.address, won.epoch)
+        return engine
+
+    def _open_link(self, address: str, *, tls: bool = False) -> BrokerLink:
+        ca: str | bool | None = self.settings.tls_ca
+        if ca == "system" or (tls and not ca):
+            ca = True
+        return BrokerLink(address, token=self.settings.token, tls_ca=ca if (tls or ca) else None)
+
+    def _drop_link(self) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
+
+    def _drop_leader(self, grace: float) -> None:
+        """Stop serving: requests in progress are answered (fenced ones with the error that
+        sends their clients elsewhere), then the engine closes."""
+        server, self._server = self._server, None
+        leader, self._leader = self._leader, None
+        if server is not None:
+            server.stop(grace)
+        elif leader is not None:
+            leader.close()
+        if leader is not None:
+            self._retired.append(leader)
+            self._record = None
+            self._record_read_at = float("-inf")
+
+    def _watch(self, link: BrokerLink) -> None:
+        """Relay the broker's commit notices to this process's claimers while ``link`` is the
+        current one; a broken stream is opened again after a pause."""
+        while link is self._link and not self._closing:
+            try:
+                link.watch(self._notify_readied)
+            except ObjqError as exc:
+                log.debug("watch on %s ended: %s", link.address, exc)
+            time.sleep(RETRY_PAUSE_SECONDS)
+
+    def _notify_if_readied(self, engine: Engine) -> None:
+        """After a commit of this process's broker engine (most are other processes'
+        sessions): wake this process's claimers only if jobs became claimable."""
+        mark = engine.readied
+        if mark != self._readied_seen:
+            self._readied_seen = mark
+            self._notify_readied()
+
+    def _notify_readied(self) -> None:
+        self._readied_notices += 1
+        self._notify()
+
+    def _notify(self) -> None:
+        for listener in self._listeners:
+            listener()
