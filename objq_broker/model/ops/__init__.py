@@ -1,0 +1,109 @@
+"""Operations: everything the API asks of a namespace's state, as plain data.
+
+An operation is a frozen msgspec struct holding already-checked values; :meth:`Op.apply` runs it
+against a :class:`~objq_broker.model.state.QueueState` at a given time and returns a value that
+msgspec can encode. Because operations are data, not closures, they can be batched by the local
+commit loop, or encoded and sent to another process that commits for many (the elected broker),
+and a replay after an ambiguous write is identical: ids, tokens and jitter are fields, made by
+the caller.
+
+Three class flags tell the committer how fresh the state must be:
+
+* ``fresh``: no older than the staleness bound (claims: a stale cache would miss new jobs);
+* ``latest``: exactly as stored now (inspection);
+* ``consumer``: the caller consumes, so the committer also expires stale leases when idle.
+
+Build operations with the functions of :mod:`objq_broker.ops`, which check every value.
+
+The operations live in modules by what they do (``queues``, ``producing``, ``consuming``,
+``reading``, ``brokers``), on the base in ``base``; ``session`` holds a broker client's request
+and what a batch needs read. Import them from here.
+"""
+
+from __future__ import annotations
+
+from objq_broker.model.ops.base import (
+    Held,
+    Op,
+    Read,
+    T,
+)
+from objq_broker.model.ops.jobs import (
+    Ack,
+    Claim,
+    Enqueue,
+    EnqueueRuns,
+    EnqueueStaged,
+    Expire,
+    Heartbeat,
+    Nack,
+    NoteOutcome,
+    Nothing,
+    Release,
+)
+from objq_broker.model.ops.queues import (
+    Configure,
+    Declare,
+    DeleteQueue,
+    Purge,
+    PurgeDead,
+    RetryDead,
+)
+from objq_broker.model.ops.reading import (
+    DeadLetters,
+    FindJob,
+    GetConfig,
+    ListJobs,
+    QueueNames,
+    SetWriteBudget,
+    Stats,
+    Workers,
+    WriteBudget,
+)
+from objq_broker.model.ops.session import (
+    ANY_OP,
+    Outcomes,
+    ResignBroker,
+    Session,
+    TakeBroker,
+    runs_needed,
+)
+
+__all__ = [
+    "ANY_OP",
+    "Ack",
+    "Claim",
+    "Configure",
+    "DeadLetters",
+    "Declare",
+    "DeleteQueue",
+    "Enqueue",
+    "EnqueueRuns",
+    "EnqueueStaged",
+    "Expire",
+    "FindJob",
+    "GetConfig",
+    "Heartbeat",
+    "Held",
+    "ListJobs",
+    "Nack",
+    "NoteOutcome",
+    "Nothing",
+    "Op",
+    "Outcomes",
+    "Purge",
+    "PurgeDead",
+    "QueueNames",
+    "Read",
+    "Release",
+    "ResignBroker",
+    "RetryDead",
+    "Session",
+    "SetWriteBudget",
+    "Stats",
+    "T",
+    "TakeBroker",
+    "Workers",
+    "WriteBudget",
+    "runs_needed",
+]

@@ -1,0 +1,217 @@
+"""Operations on jobs: producing them (one by one, staged in bodies objects, or as whole
+runs) and consuming them (claim, heartbeat, ack, note an outcome, nack, release, expire)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from objq_broker.errors import QueueNotFound
+from objq_broker.model.checks import (
+    Attempts,
+    Identifier,
+    PositiveSeconds,
+    Priority,
+    QueueName,
+    Seconds,
+    SignedSeconds,
+)
+from objq_broker.model.ops.base import Held, Op
+from objq_broker.model.records import (
+    Job,
+    NackResult,
+    RunOutcome,
+)
+from objq_broker.model.state import QueueState
+from objq_broker.model.values import NewJob, StagedBodies, StagedRun
+
+# --- producing -------------------------------------------------------------------------------
+
+
+class Enqueue(Op[list[Job]], frozen=True):
+    """Add jobs, declaring their queues by first use; with ``to_declared``, only the jobs of
+    queues that exist are added (a message routed by a binding that outlived its queue is
+    dropped, as AMQP drops what no queue takes, instead of bringing the queue back)."""
+
+    items: list[NewJob]
+    to_declared: bool = False
+
+    def apply(self, state: QueueState, now: float) -> list[Job]:
+        return state.enqueue(self._kept(state), now)
+
+    def replay(self, state: QueueState, now: float) -> list[Job]:
+        return state.enqueued(self._kept(state), now)
+
+    def _kept(self, state: QueueState) -> list[NewJob]:
+        if not self.to_declared:
+            return self.items
+        return [item for item in self.items if item.queue in state.doc.queues]
+
+    @property
+    def size(self) -> int:
+        return sum(len(item.body) for item in self.items)
+
+
+class EnqueueStaged(Op[int | None], frozen=True):
+    queue: QueueName
+    staged: list[StagedBodies]
+    ids: list[Identifier]
+    write_id: Identifier
+    priority: Priority = 0
+    delay_seconds: SignedSeconds = 0.0
+    max_attempts: Attempts | None = None
+
+    def apply(self, state: QueueState, now: float) -> int | None:
+        return state.enqueue_staged(
+            self.queue,
+            self.staged,
+            self.ids,
+            now,
+            write_id=self.write_id,
+            priority=self.priority,
+            delay_seconds=self.delay_seconds,
+            max_attempts=self.max_attempts,
+        )
+
+    def replay(self, state: QueueState, now: float) -> int | None:
+        return None  # as when the same write id is committed twice
+
+
+class EnqueueRuns(Op[int | None], frozen=True):
+    queue: QueueName
+    runs: list[StagedRun]
+    write_id: Identifier
+
+    def apply(self, state: QueueState, now: float) -> int | None:
+        return state.enqueue_runs(self.queue, self.runs, now, write_id=self.write_id)
+
+    def replay(self, state: QueueState, now: float) -> int | None:
+        return None  # as when the same write id is committed twice
+
+
+# --- consuming -------------------------------------------------------------------------------
+
+
+class Claim(Op[list[Job]], frozen=True):
+    """Lease up to ``len(tokens)`` jobs, taking from each queue in turn until enough are found."""
+
+    fresh: ClassVar[bool] = True
+    consumer: ClassVar[bool] = True
+
+    queues: list[QueueName]
+    tokens: list[str]
+    owner: Identifier
+    lease_seconds: PositiveSeconds | None = None
+    #: Refuse (:class:`~objq_broker.errors.QueueNotFound`) when a queue is not declared,
+    #: instead of finding nothing in it until an enqueue creates it.
+    strict: bool = False
+
+    def apply(self, state: QueueState, now: float) -> list[Job]:
+        if self.strict:
+            missing = [name for name in self.queues if name not in state.doc.queues]
+            if missing:
+                raise QueueNotFound(state.not_declared(missing[0]))
+        found: list[Job] = []
+        for name in self.queues:
+            if len(found) >= len(self.tokens):
+                break
+            found += state.claim(
+                name, self.tokens[len(found) :], self.owner, now, self.lease_seconds
+            )
+        return found
+
+    def replay(self, state: QueueState, now: float) -> list[Job]:
+        return state.leased_to(self.tokens)
+
+
+class Heartbeat(Op[list[bool]], frozen=True):
+    held: list[Held]
+    lease_seconds: PositiveSeconds | None = None
+
+    def apply(self, state: QueueState, now: float) -> list[bool]:
+        return state.heartbeat(self.held, now, self.lease_seconds)
+
+    def replay(self, state: QueueState, now: float) -> list[bool]:
+        return state.holds(self.held)
+
+
+class Ack(Op[Job], frozen=True):
+    job_id: str
+    token: str
+    outcome: Literal["done"] | RunOutcome = "done"
+    error: str | None = None
+
+    def apply(self, state: QueueState, now: float) -> Job:
+        return state.ack(self.job_id, self.token, now, self.outcome, self.error)
+
+    def replay(self, state: QueueState, now: float) -> Job:
+        # The job has left the state; its archive record has it whole.
+        return Job(self.job_id, "", "", 0, now, now, 1, finished_at=now)
+
+
+class NoteOutcome(Op[None], frozen=True):
+    """How the run of a job went, said after the job was acked (or while it is held)."""
+
+    job_id: str
+    queue: QueueName
+    outcome: RunOutcome
+    error: str | None = None
+
+    def apply(self, state: QueueState, now: float) -> None:
+        state.note_outcome(self.job_id, self.queue, self.outcome, self.error, now)
+
+    def replay(self, state: QueueState, now: float) -> None:
+        return None
+
+
+class Nack(Op[NackResult], frozen=True):
+    job_id: str
+    token: str
+    error: str | None = None
+    retry: bool = True
+    jitter: float = 0.0
+    delay_seconds: Seconds | None = None
+
+    def apply(self, state: QueueState, now: float) -> NackResult:
+        return state.nack(
+            self.job_id,
+            self.token,
+            now,
+            error=self.error,
+            retry=self.retry,
+            jitter=self.jitter,
+            delay_seconds=self.delay_seconds,
+        )
+
+    def replay(self, state: QueueState, now: float) -> NackResult:
+        found = state.find(self.job_id, now)
+        return "dead" if found is not None and found[0] == "dead" else "retry"
+
+
+class Release(Op[list[bool]], frozen=True):
+    held: list[Held]
+
+    def apply(self, state: QueueState, now: float) -> list[bool]:
+        return state.release(self.held, now)
+
+    def replay(self, state: QueueState, now: float) -> list[bool]:
+        return [True] * len(self.held)
+
+
+class Expire(Op[int], frozen=True):
+    latest: ClassVar[bool] = True
+
+    def apply(self, state: QueueState, now: float) -> int:
+        return state.expire(now)
+
+    def replay(self, state: QueueState, now: float) -> int:
+        return 0
+
+
+class Nothing(Op[None], frozen=True):
+    """Changes nothing: its future resolves once everything submitted before it has."""
+
+    def apply(self, state: QueueState, now: float) -> None:
+        return None
+
+    def replay(self, state: QueueState, now: float) -> None:
+        return None
