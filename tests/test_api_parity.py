@@ -25,9 +25,13 @@ SYNC_ONLY = {
 
 
 def _public(cls: type) -> dict[str, inspect.Signature]:
+    """The public methods ``cls`` and its bases define (``Queue`` is built in layers)."""
+    members: dict[str, object] = {}
+    for klass in reversed(cls.__mro__[:-1]):  # the nearest definition wins; object left out
+        members.update(vars(klass))
     return {
         name: inspect.signature(member)
-        for name, member in vars(cls).items()
+        for name, member in members.items()
         if not name.startswith("_") and callable(member)
     }
 
