@@ -13,15 +13,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from objq_broker.dashboard.archived import read_archived_job, search_archive
 from objq_broker.dashboard.reading import (
     STATES,
     dead_counts,
-    read_archived_job,
     read_job,
     read_overview,
     read_queue_page,
     read_workers,
-    search_archive,
 )
 from objq_broker.dashboard.security import safe_next
 from objq_broker.engine.archive import TAIL_KEY

@@ -9,14 +9,13 @@ depth of the queue; only the rows shown have their payloads loaded.
 
 from __future__ import annotations
 
-import base64
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from objq_broker import QueueStats
 from objq_broker.dashboard.decode import (
     DecodedMessage,
     ShownPayload,
@@ -26,16 +25,10 @@ from objq_broker.dashboard.decode import (
 )
 from objq_broker.engine.archive import (
     TAIL_KEY,
-    RecordId,
-    archive_keys,
-    finished_within,
-    read_archive,
-    read_tail,
-    record_id,
 )
 from objq_broker.engine.snapshot import ACTIVE_CLIENT_SECONDS, Snapshot
 from objq_broker.errors import QueueNotFound
-from objq_broker.model.records import ArchiveRecord, BrokerRecord, Job, JobState
+from objq_broker.model.records import BrokerRecord, Job, JobState
 from objq_broker.model.workers import Worker, WorkerStatus
 from objq_broker.storage import ObjectStore
 
@@ -43,38 +36,14 @@ from objq_broker.storage import ObjectStore
 STATES: tuple[JobState, ...] = ("ready", "delayed", "in-flight", "dead")
 #: Characters of a payload shown in a row of a list.
 PREVIEW_CHARS = 80
-#: Archive objects one archive page reads at most before it stops and offers to go on: a
-#: filter that matches little must not read a month of archive in one request.
-MAX_ARCHIVE_OBJECTS_PER_PAGE = 200
 #: Broker clients listed on the broker page.
 MAX_SESSIONS_SHOWN = 100
 
 
-@dataclass(frozen=True)
-class QueueCounts:
-    """One queue's jobs by state, as ``objq status`` counts them."""
-
-    queue: str
-    ready: int
-    delayed: int
-    in_flight: int
-    dead: int
-    oldest_ready_age_seconds: float | None
-
-    def count(self, state: JobState) -> int:
-        return {"ready": self.ready, "delayed": self.delayed, "dead": self.dead}.get(
-            state, self.in_flight
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "queue": self.queue,
-            "ready": self.ready,
-            "delayed": self.delayed,
-            "in_flight": self.in_flight,
-            "dead": self.dead,
-            "oldest_ready_age_seconds": self.oldest_ready_age_seconds,
-        }
+def jobs_in(stats: QueueStats, state: JobState) -> int:
+    """How many of a queue's jobs are in ``state``."""
+    counts = {"ready": stats.ready, "delayed": stats.delayed, "dead": stats.dead}
+    return counts.get(state, stats.in_flight)
 
 
 @dataclass(frozen=True)
@@ -100,7 +69,7 @@ class Overview:
     read_at: float
     enqueued_total: int
     broker: BrokerView | None
-    queues: list[QueueCounts]
+    queues: list[QueueStats]
 
     def as_json(self) -> dict[str, Any]:
         """The overview's JSON: the fields of ``objq status --json`` and the counter the rate
@@ -122,13 +91,13 @@ class Overview:
                 "tls": self.broker.record.tls,
                 "active_clients": self.broker.active_clients,
             },
-            "queues": [q.as_json() for q in self.queues],
+            "queues": [msgspec.to_builtins(q) for q in self.queues],
         }
 
 
 def read_overview(store: ObjectStore) -> Overview:
     snap = Snapshot.read(store)
-    queues = [_counts(snap, name) for name in snap.queue_names()]
+    queues = [snap.stats(name) for name in snap.queue_names()]
     # After the queues, as objq status does: counting them may read a later state (when runs
     # it referred to were consumed meanwhile), and these facts then describe that one.
     return Overview(
@@ -141,18 +110,6 @@ def read_overview(store: ObjectStore) -> Overview:
         enqueued_total=snap.enqueued_total,
         broker=_broker(snap),
         queues=queues,
-    )
-
-
-def _counts(snap: Snapshot, queue: str) -> QueueCounts:
-    stats = snap.stats(queue)
-    return QueueCounts(
-        queue,
-        stats.ready,
-        stats.delayed,
-        stats.in_flight,
-        stats.dead,
-        stats.oldest_ready_age_seconds,
     )
 
 
@@ -219,7 +176,7 @@ class JobRow:
 class QueuePage:
     """One page of one state of one queue."""
 
-    counts: QueueCounts
+    counts: QueueStats
     state: JobState
     page: int
     pages: int
@@ -227,9 +184,13 @@ class QueuePage:
     rows: list[JobRow]
     read_at: float
 
+    def count(self, state: JobState) -> int:
+        """How many jobs of the queue are in ``state`` (one tab's figure)."""
+        return jobs_in(self.counts, state)
+
     @property
     def total(self) -> int:
-        return self.counts.count(self.state)
+        return self.count(self.state)
 
     @property
     def first(self) -> int:
@@ -245,8 +206,8 @@ def read_queue_page(
     snap = Snapshot.read(store)
     if queue not in snap.queue_names():
         raise QueueNotFound(f"queue {queue!r}: not declared in {store.url}")
-    counts = _counts(snap, queue)
-    pages = max(1, math.ceil(counts.count(state) / page_size))
+    counts = snap.stats(queue)
+    pages = max(1, math.ceil(jobs_in(counts, state) / page_size))
     page = min(max(page, 1), pages)
     start = (page - 1) * page_size
     found = snap.jobs(queue, state, start + page_size)[start:]
@@ -254,10 +215,10 @@ def read_queue_page(
     return QueuePage(counts, state, page, pages, page_size, rows, snap.read_at)
 
 
-def dead_counts(store: ObjectStore) -> list[QueueCounts]:
+def dead_counts(store: ObjectStore) -> list[QueueStats]:
     """Every queue that holds dead letters, most first."""
     snap = Snapshot.read(store)
-    counts = [_counts(snap, name) for name in snap.queue_names()]
+    counts = [snap.stats(name) for name in snap.queue_names()]
     return sorted((c for c in counts if c.dead), key=lambda c: (-c.dead, c.queue))
 
 
@@ -303,173 +264,13 @@ def read_job(store: ObjectStore, job_id: str) -> JobDetail | None:
     if found is None:
         return None
     state, job = found
-    return _detail(state, snap.fill(job), snap.read_at)
+    return job_detail(state, snap.fill(job), snap.read_at)
 
 
-def _detail(state: str, job: Job, read_at: float, **where: str) -> JobDetail:
+def job_detail(state: str, job: Job, read_at: float, **where: str) -> JobDetail:
+    """What the job page shows of ``job``, found in ``state`` (``where``: its archive object
+    and commit, for an archived record)."""
     if job.ref is not None and not job.body:  # an archived record keeps no out-of-line body
         return JobDetail(state, job, None, None, read_at, **where)
     payload = job.payload
     return JobDetail(state, job, show_payload(payload), decode_message(payload), read_at, **where)
-
-
-# --- the archive -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ArchiveRow:
-    outcome: str
-    job: Job
-    task: str | None
-    key: str
-
-
-@dataclass(frozen=True)
-class ArchivePage:
-    """Archived jobs, newest hour first, and where the next page starts (None: no more).
-    Within an hour the archive's objects come in the order of their keys (commit ids, not
-    times): ordering them by time would mean reading every object of the hour for each page."""
-
-    rows: list[ArchiveRow]
-    #: Where the next page goes on from: ``KEY:@RECORD`` after the record shown last (which
-    #: names it whatever moved meanwhile: the state's tail is written out into an object
-    #: between page loads), or ``KEY:0`` from the start of an object not read yet.
-    next_cursor: str | None
-    objects_read: int
-    #: True when the page stopped at :data:`MAX_ARCHIVE_OBJECTS_PER_PAGE` before it was full.
-    stopped_early: bool
-
-
-#: Where a page starts: the key, and the number of matching records of it already shown (a
-#: ``KEY:NUMBER`` cursor) or the record shown last (``KEY:@RECORD``).
-_Start = tuple[str | None, int | RecordId]
-
-
-def search_archive(
-    store: ObjectStore,
-    *,
-    queue: str | None,
-    since: float | None,
-    until: float | None,
-    cursor: str | None,
-    page_size: int,
-) -> ArchivePage:
-    """Records of jobs finished in ``[since, until)`` (of ``queue``, or all), from ``cursor``
-    on. Reads the archive objects of the range one by one, newest hour first (each one's
-    records last first), and stops once a page is full.
-
-    A page that ended in the state's tail goes on after the record it showed last, wherever
-    that record is now: still in the tail, or in an object the tail was written out to since
-    (of the newest hour), so no record is skipped or shown twice."""
-    tail = read_tail(store)  # before the listing (see engine.archive); the newest of all
-    in_tail = {record_id(record) for record in tail}
-    keys = sorted(archive_keys(store, since, until), reverse=True)
-    if tail:
-        keys.insert(0, TAIL_KEY)  # sorts after every archive/ key, as cursors compare them
-
-    def matching(key: str) -> list[ArchiveRecord]:
-        held = tail if key == TAIL_KEY else read_archive(store, key)
-        if key != TAIL_KEY:
-            held = [r for r in held if record_id(r) not in in_tail]
-        return [
-            r
-            for r in reversed(held)
-            if (queue is None or r.job.queue == queue) and finished_within(r, since, until)
-        ]
-
-    start_key, after = _parse_cursor(cursor)
-    if start_key is not None and start_key != TAIL_KEY:
-        keys = [k for k in keys if k <= start_key]
-    page = _page(keys, matching, (start_key, after), page_size)
-    if page is None:  # the record shown last is nowhere now: go on from the objects
-        page = _page([k for k in keys if k != TAIL_KEY], matching, (None, 0), page_size)
-        assert page is not None  # (nothing to seek)
-    return page
-
-
-def _page(
-    keys: list[str],
-    matching: Callable[[str], list[ArchiveRecord]],
-    start: _Start,
-    page_size: int,
-) -> ArchivePage | None:
-    """A page of the records of ``keys`` (``matching`` each), from ``start``; None if it
-    was to go on after a record of the state's tail found nowhere."""
-    start_key, after = start
-    seeking = after if isinstance(after, tuple) else None
-    rows: list[ArchiveRow] = []
-    last: RecordId | None = None
-    for read, key in enumerate(keys):
-        if read >= MAX_ARCHIVE_OBJECTS_PER_PAGE:
-            if seeking is not None:
-                return None  # not in the tail, nor in the newest objects
-            return ArchivePage(rows, f"{key}:0", read, stopped_early=True)
-        matched = matching(key)
-        if key == start_key and isinstance(after, int):
-            matched = matched[after:]
-        if seeking is not None:
-            matched, seeking = _after(seeking, matched, key, start_key)
-        for record in matched:
-            if len(rows) == page_size:
-                return ArchivePage(rows, _cursor_after(rows[-1].key, last), read + 1, False)
-            job = record.job
-            task = task_name(job.payload) if job.body and not job.b64 else None
-            rows.append(ArchiveRow(record.outcome, job, task, key))
-            last = record_id(record)
-    if seeking is not None:
-        return None
-    return ArchivePage(rows, None, len(keys), stopped_early=False)
-
-
-def _after(
-    shown: RecordId, matched: list[ArchiveRecord], key: str, start_key: str | None
-) -> tuple[list[ArchiveRecord], RecordId | None]:
-    """The records of ``key`` after ``shown`` (the record the last page ended with), and
-    what is still to be found. A record of the state's tail is looked for further on when it
-    is no longer there (it was written out to the newest object); one of an object, only in
-    that object (if it is gone, the page goes on with the next)."""
-    ids = [record_id(r) for r in matched]
-    if shown in ids:
-        return matched[ids.index(shown) + 1 :], None
-    if start_key == TAIL_KEY:
-        return [], shown
-    return ([], None) if key == start_key else (matched, None)
-
-
-def read_archived_job(store: ObjectStore, key: str, job_id: str) -> JobDetail | None:
-    """The record of ``job_id`` in the archive object ``key``, or in the state's archive tail
-    for :data:`TAIL_KEY` (the last one there, if the job was archived twice)."""
-    held = read_tail(store) if key == TAIL_KEY else read_archive(store, key)
-    found = [r for r in held if r.job.id == job_id]
-    if not found:
-        return None
-    record = found[-1]
-    return _detail(
-        record.outcome,
-        record.job,
-        record.job.finished_at or 0.0,
-        archive_key=key,
-        commit_id=record.commit_id,
-    )
-
-
-def _parse_cursor(cursor: str | None) -> _Start:
-    if not cursor:
-        return None, 0
-    key, _, where = cursor.rpartition(":")
-    if key and where.isdigit():
-        return key, int(where)
-    if key and where.startswith("@"):
-        try:
-            found = msgspec.json.decode(base64.urlsafe_b64decode(where[1:]), type=RecordId)
-        except (ValueError, msgspec.DecodeError):
-            pass
-        else:
-            return key, found
-    raise ValueError(f"archive cursor: expected KEY:NUMBER or KEY:@RECORD, found {cursor!r}")
-
-
-def _cursor_after(key: str, shown: RecordId | None) -> str:
-    """The cursor of the next page after ``shown``, the record shown last, found in ``key``."""
-    encoded = base64.urlsafe_b64encode(msgspec.json.encode(shown)).decode()
-    return f"{key}:@{encoded}"

@@ -10,8 +10,8 @@ import pickle
 import pytest
 
 from objq_broker import Queue
+from objq_broker.dashboard.archived import read_archived_job, search_archive
 from objq_broker.dashboard.decode import decode_message, show_payload
-from objq_broker.dashboard.reading import read_archived_job, search_archive
 from objq_broker.engine.archive import DEFAULT_ARCHIVE_TAIL_BYTES, TAIL_KEY
 from objq_broker.model.messages import celery_message
 from objq_broker.storage import MemoryStore
