@@ -1,57 +1,24 @@
-"""A Dramatiq broker on objq: change the broker line, keep every actor and middleware.
-
->>> import dramatiq
->>> from objq_broker.dramatiq import ObjqBroker
->>> broker = ObjqBroker(url="memory://dramatiq-doc")
->>> dramatiq.set_broker(broker)
-
-Mapping onto objq:
-
-* Each Dramatiq queue ``Q`` is an objq queue ``Q``, and its delay queue ``Q.DQ`` another.
-  A delayed message waits in storage (``visible_at`` = its ETA), so the worker's delay
-  consumer only ever receives messages that are due and holds nothing in memory for long.
-* Prefetch is one batched claim. A consumer's messages, prefetched and running, are
-  leases; one heartbeat per broker per interval extends all of them, so a long task is never
-  redelivered while its worker lives, and a killed worker's messages come back once their
-  lease runs out.
-* ``nack`` means dead-letter (Dramatiq's meaning); dead letters are kept for
-  ``dead_message_ttl`` milliseconds. ``requeue`` (worker shutdown) releases without counting
-  an attempt. Acks return once submitted and are durable with the next commit: a lost ack
-  only means one more delivery.
-* Priority comes from the ``broker_priority`` option (higher runs first, as with RabbitMQ).
-
-Checked before anything is stored (a :class:`~objq_broker.errors.ConfigurationError`, a
-``ValueError``, names what was refused): the broker's settings when it is built, an actor's
-``broker_priority`` when it is declared, and a message's ``broker_priority`` (a whole number
-within ±(2**31 - 1); ``True``, ``1.5``, ``"3"`` refused) and ``delay`` (finite milliseconds,
-at most about a century either way) when it is sent.
-"""
+"""The Dramatiq broker on objq (:class:`ObjqBroker`): its settings, sending, queues, joining,
+dead letters and closing. What a worker's consumer does is :mod:`objq_broker.dramatiq.consumer`;
+the package's description says how Dramatiq maps onto objq."""
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
 from typing import Annotated, Any
 
+import dramatiq
 import msgspec
+from dramatiq.common import current_millis, dq_name
+from dramatiq.errors import QueueJoinTimeout, QueueNotFound
 from msgspec import Meta
 
-try:
-    import dramatiq
-    from dramatiq.common import current_millis, dq_name
-    from dramatiq.errors import ConnectionClosed, QueueJoinTimeout, QueueNotFound
-    from dramatiq.middleware import Retries
-except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
-    raise ModuleNotFoundError(
-        "objq_broker.dramatiq needs Dramatiq: pip install 'objq-broker[dramatiq]'"
-    ) from exc
-
-from objq_broker.consume import ClaimWindow, LeaseKeeper, positive_seconds, seconds_from_env
-from objq_broker.errors import ConfigurationError, QueueClosed, StorageError, job_error
+from objq_broker.consume import LeaseKeeper, positive_seconds, seconds_from_env
+from objq_broker.dramatiq.consumer import ObjqConsumer, connection_errors
+from objq_broker.errors import ConfigurationError
 from objq_broker.model.checks import (
     MAX_SECONDS,
     PRIORITY_RANGE,
@@ -61,12 +28,8 @@ from objq_broker.model.checks import (
     checked,
 )
 from objq_broker.ops import default_owner
-from objq_broker.queue import Delivery, Queue
-from objq_broker.results.dramatiq import ObjqRateLimiterBackend, ObjqResultBackend
+from objq_broker.queue import Queue
 from objq_broker.storage import ObjectStore
-
-# The result and rate-limiter backends are importable from here, with the broker.
-__all__ = ["ObjqBroker", "ObjqRateLimiterBackend", "ObjqResultBackend"]
 
 #: A message is redelivered this long after its worker stopped heartbeating it.
 DEFAULT_LEASE_SECONDS = 30.0
@@ -105,15 +68,6 @@ class _SendOptions(msgspec.Struct):
 
     delay: Milliseconds | None = None
     broker_priority: BrokerPriority | None = None
-
-
-@contextlib.contextmanager
-def _connection_errors() -> Iterator[None]:
-    """Storage trouble is a broker connection error to Dramatiq: its workers retry those."""
-    try:
-        yield
-    except (StorageError, QueueClosed) as exc:
-        raise ConnectionClosed(exc) from exc
 
 
 class ObjqBroker(dramatiq.Broker):
@@ -193,7 +147,7 @@ class ObjqBroker(dramatiq.Broker):
         self.max_claim = settings.max_claim
         self.fail_fast_default = fail_fast_default
         self.actor_options.add("broker_priority")
-        self._consumers: weakref.WeakSet[_ObjqConsumer] = weakref.WeakSet()
+        self._consumers: weakref.WeakSet[ObjqConsumer] = weakref.WeakSet()
         # message id -> the exception it was dead-lettered with (kept only in fail-fast mode)
         self._failures: collections.OrderedDict[str, BaseException | None] = (
             collections.OrderedDict()
@@ -202,8 +156,8 @@ class ObjqBroker(dramatiq.Broker):
         self._keeper: LeaseKeeper | None = None  # started by the first consumer
 
     @property
-    def consumer_class(self) -> type[_ObjqConsumer]:
-        return _ObjqConsumer
+    def consumer_class(self) -> type[ObjqConsumer]:
+        return ObjqConsumer
 
     # --- the broker interface --------------------------------------------------------------
 
@@ -242,7 +196,7 @@ class ObjqBroker(dramatiq.Broker):
             "dead_ttl_seconds": self.dead_message_ttl / 1000.0,
         }
         delayed = dq_name(queue_name)
-        with _connection_errors():
+        with connection_errors():
             self.client.declare(queue_name, **settings)
             self.client.declare(delayed, **settings)
         self.queues.add(queue_name)
@@ -262,7 +216,7 @@ class ObjqBroker(dramatiq.Broker):
         if queue_name not in self.queues and queue_name not in self.delay_queues:
             raise QueueNotFound(queue_name)
         self.emit_before("enqueue", message, delay)
-        with _connection_errors():
+        with connection_errors():
             self.client.enqueue(
                 queue_name,
                 message.encode(),
@@ -289,14 +243,14 @@ class ObjqBroker(dramatiq.Broker):
 
     def flush(self, queue_name: str) -> None:
         """Drop the queue's waiting messages (and its delay queue's)."""
-        with _connection_errors():
+        with connection_errors():
             for name in (queue_name, dq_name(queue_name)):
                 if name in self.queues or name in self.delay_queues:
                     self.client.purge(name)
 
     def flush_all(self) -> None:
         """Drop every waiting message and every dead letter of the declared queues."""
-        with _connection_errors():
+        with connection_errors():
             for name in self.queues | self.delay_queues:
                 self.client.purge(name)
                 self.client.purge_dead(name)
@@ -322,7 +276,7 @@ class ObjqBroker(dramatiq.Broker):
         deadline = None if timeout is None else time.monotonic() + timeout / 1000.0
         names = (queue_name, dq_name(queue_name))
         while True:
-            with _connection_errors():
+            with connection_errors():
                 self.client.flush()
                 busy = self._busy(names)
             if not busy:
@@ -355,7 +309,7 @@ class ObjqBroker(dramatiq.Broker):
         return [m for name in sorted(self.queues) for m in self.dead_letters_of(name)]
 
     def dead_letters_of(self, queue_name: str) -> list[dramatiq.Message[Any]]:
-        with _connection_errors():
+        with connection_errors():
             jobs = [
                 *self.client.dead_letters(queue_name),
                 *self.client.dead_letters(dq_name(queue_name)),
@@ -371,95 +325,9 @@ class ObjqBroker(dramatiq.Broker):
 
     # --- bookkeeping for consumers ---------------------------------------------------------
 
-    def _remember_failure(self, message_id: str, exc: BaseException | None) -> None:
+    def remember_failure(self, message_id: str, exc: BaseException | None) -> None:
         # An exception holds its traceback's frames: keep it only when asked to (tests).
         with self._lock:
             self._failures[message_id] = exc if self.fail_fast_default else None
             while len(self._failures) > _REMEMBERED_FAILURES:
                 self._failures.popitem(last=False)
-
-
-class _ObjqMessageProxy(dramatiq.MessageProxy):
-    """A message and the lease it was delivered under (kept off ``message.options``)."""
-
-    def __init__(self, message: dramatiq.Message[Any], delivery: Delivery) -> None:
-        super().__init__(message)
-        self._delivery = delivery
-
-
-class _ObjqConsumer(dramatiq.Consumer):
-    """Dramatiq's view of a :class:`~objq_broker.consume.ClaimWindow`: the window claims ahead
-    and gives back; this hands its messages to the worker within Dramatiq's prefetch."""
-
-    def __init__(self, broker: ObjqBroker, queue_name: str, prefetch: int, timeout: int) -> None:
-        self.broker = broker
-        self.client = broker.client
-        self.queue_name = queue_name
-        self.prefetch = prefetch
-        self.timeout = timeout
-        self.window = ClaimWindow(
-            broker.client,
-            [queue_name],
-            prefetch=prefetch,
-            max_window=max(prefetch, broker.max_claim),
-        )
-
-    def _settled(self, message: dramatiq.MessageProxy) -> Delivery | None:
-        """The message's delivery, no longer held; None if its lease was lost meanwhile (an
-        ack would be refused: another worker may hold the message now)."""
-        delivery: Delivery = message._delivery
-        return self.window.settle(delivery.token)
-
-    def ack(self, message: dramatiq.MessageProxy) -> None:
-        delivery = self._settled(message)
-        if delivery is None:
-            return
-        # Dramatiq acks a message whose actor raised when it was not failed for good: the
-        # Retries middleware sent it again as a new message, or there is no such middleware.
-        exc, outcome = message._exception, "done"
-        if exc is not None:
-            outcome = "retried" if self._retries else "failed"
-        with _connection_errors():
-            self.client.ack(delivery, outcome=outcome, error=job_error(exc), wait=False)
-
-    @property
-    def _retries(self) -> bool:
-        return any(isinstance(m, Retries) for m in self.broker.middleware)
-
-    def nack(self, message: dramatiq.MessageProxy) -> None:
-        delivery = self._settled(message)
-        if delivery is None:
-            return
-        exc = message._exception
-        self.broker._remember_failure(message.message_id, exc)
-        with _connection_errors():
-            self.client.nack(delivery, error=job_error(exc), retry=False, wait=False)
-
-    def requeue(self, messages: Iterable[dramatiq.MessageProxy]) -> None:
-        tokens = [message._delivery.token for message in messages]
-        with _connection_errors():
-            self.window.give_back(tokens, wait=True)
-
-    def _room_or_closed(self) -> bool:
-        return self.window.closed or self.window.in_hand < self.prefetch
-
-    def __next__(self) -> dramatiq.MessageProxy | None:
-        timeout = self.timeout / 1000.0
-        with _connection_errors():
-            room = self.prefetch - self.window.in_hand
-            if room <= 0:
-                # Prefetch is full: claim ahead (or give back a hoard), then wait for a worker
-                # thread to finish one, or for the timeout (the worker needs its wake-ups).
-                self.window.poll(0)
-                self.window.wait(self._room_or_closed, timeout)
-                return None
-            got = self.window.take(1, timeout=timeout)
-        if not got:
-            return None
-        [delivery] = got
-        return _ObjqMessageProxy(dramatiq.Message.decode(delivery.payload), delivery)
-
-    def close(self) -> None:
-        """Give back prefetched messages that never reached a worker thread (the ones that
-        did stay leased until the worker settles them)."""
-        self.window.close()
