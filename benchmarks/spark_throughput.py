@@ -41,8 +41,9 @@ from benchmarks.provenance import objq_revision  # noqa: E402
 from objq_broker import Queue  # noqa: E402
 from objq_broker.engine import STATE_KEY  # noqa: E402
 from objq_broker.engine.archive import archive_key  # noqa: E402
+from objq_broker.model.encoding import encode_archive  # noqa: E402
 from objq_broker.model.messages import dramatiq_message  # noqa: E402
-from objq_broker.model.records import ArchiveRecord, Job, encode_archive  # noqa: E402
+from objq_broker.model.records import ArchiveRecord, Job  # noqa: E402
 
 CHUNK = 1000
 RECORDS_PER_OBJECT = 500

@@ -24,7 +24,8 @@ from objq_broker.engine import STATE_KEY
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.model import ops as op_types
 from objq_broker.model.checks import MAX_SECONDS
-from objq_broker.model.records import QueueConfig, decode_state
+from objq_broker.model.encoding import decode_state
+from objq_broker.model.records import QueueConfig
 from objq_broker.model.settings import positive_seconds
 from objq_broker.model.state import QueueState
 from objq_broker.ops import StagedBodies

@@ -36,7 +36,8 @@ from datetime import UTC, datetime, timedelta
 from objq_broker.engine.guard import STATE_KEY
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import StateCorrupt
-from objq_broker.model.records import ArchiveRecord, ArchiveTail, decode_archive, encode_archive
+from objq_broker.model.encoding import decode_archive, encode_archive
+from objq_broker.model.records import ArchiveRecord, ArchiveTail
 from objq_broker.storage.base import ObjectStore
 
 #: Folder of the archive of finished jobs.

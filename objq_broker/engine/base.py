@@ -30,7 +30,8 @@ from objq_broker.engine.janitor import Janitor
 from objq_broker.engine.options import EngineLimits, check_engine_settings
 from objq_broker.engine.runs import MergeReads
 from objq_broker.errors import QueueError, WriterFenced
-from objq_broker.model.records import DEFAULT_MAX_STATE_BYTES, Job, KeyRecord
+from objq_broker.model.encoding import DEFAULT_MAX_STATE_BYTES
+from objq_broker.model.records import Job, KeyRecord
 from objq_broker.model.runs import MAX_RUN_JOBS
 from objq_broker.model.state import QueueState
 from objq_broker.storage.base import ObjectStore

@@ -13,8 +13,9 @@ from objq_broker.engine.batch import Attempt, Pending
 from objq_broker.engine.runs import read_runs
 from objq_broker.engine.writing import StateWriter
 from objq_broker.errors import ObjqError, PreconditionFailed, StateCorrupt, WriterFenced
+from objq_broker.model.encoding import decode_state
 from objq_broker.model.ops import Op, runs_needed
-from objq_broker.model.records import KeyRunRef, RunRef, decode_state
+from objq_broker.model.records import KeyRunRef, RunRef
 from objq_broker.model.state import QueueState
 
 log = logging.getLogger("objq_broker.engine")

@@ -16,6 +16,7 @@ from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.guard import STATE_KEY, StateGuard
 from objq_broker.engine.runs import read_into, read_runs
 from objq_broker.errors import StorageError
+from objq_broker.model.encoding import decode_state
 from objq_broker.model.records import (
     ArchiveRecord,
     BrokerRecord,
@@ -23,7 +24,6 @@ from objq_broker.model.records import (
     JobState,
     QueueConfig,
     RunRef,
-    decode_state,
 )
 from objq_broker.model.state import QueueState
 from objq_broker.model.values import QueueStats

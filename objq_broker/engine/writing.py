@@ -20,14 +20,8 @@ from objq_broker.engine.bindings import unbind_queues
 from objq_broker.engine.runs import MERGE_AT
 from objq_broker.errors import ObjqError
 from objq_broker.model.bodies import bodies_key, encode_bodies
-from objq_broker.model.records import (
-    RECENT_COMMITS,
-    ArchiveRecord,
-    Job,
-    StateDoc,
-    check_encoded,
-    encode_archive,
-)
+from objq_broker.model.encoding import check_encoded, encode_archive
+from objq_broker.model.records import RECENT_COMMITS, ArchiveRecord, Job, StateDoc
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs, run_key
 from objq_broker.model.state import QueueState
 

@@ -19,15 +19,8 @@ import msgspec
 
 from objq_broker.errors import QueueNotFound
 from objq_broker.model.bodies import split_ref
-from objq_broker.model.records import (
-    FORMAT_VERSION,
-    Job,
-    KeyRecord,
-    QueueConfig,
-    RunRef,
-    StateDoc,
-    encode_state,
-)
+from objq_broker.model.encoding import encode_state
+from objq_broker.model.records import FORMAT_VERSION, Job, KeyRecord, QueueConfig, RunRef, StateDoc
 from objq_broker.model.runs import RunMerge, run_is_due
 from objq_broker.model.values import Finished
 

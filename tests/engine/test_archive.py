@@ -15,7 +15,8 @@ from objq_broker.engine.archive import (
     read_archive,
 )
 from objq_broker.errors import StateCorrupt
-from objq_broker.model.records import ArchiveRecord, Job, encode_archive
+from objq_broker.model.encoding import encode_archive
+from objq_broker.model.records import ArchiveRecord, Job
 from objq_broker.storage import MemoryStore
 
 

@@ -20,14 +20,13 @@ from objq_broker.engine.archive import (
     read_tail,
 )
 from objq_broker.errors import StateCorrupt
+from objq_broker.model.encoding import decode_state, encode_archive
 from objq_broker.model.records import (
     FORMAT_VERSION,
     TAIL_FORMAT_VERSION,
     ArchiveRecord,
     ArchiveTail,
     Job,
-    decode_state,
-    encode_archive,
 )
 from objq_broker.storage import MemoryStore, open_store
 from tests.support.releases import ENQUEUE_ONE, check_out, run_under

@@ -15,7 +15,7 @@ from objq_broker.engine import STATE_KEY
 from objq_broker.engine.archive import iter_archive
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.model.bodies import BODIES_PREFIX, INLINE_MAX_BYTES, encode_bodies
-from objq_broker.model.records import decode_state
+from objq_broker.model.encoding import decode_state
 from objq_broker.storage import MemoryStore, open_store
 
 BIG = b"B" * (INLINE_MAX_BYTES + 1)

@@ -11,8 +11,8 @@ from objq_broker import Queue, ops
 from objq_broker.engine import STATE_KEY, Engine
 from objq_broker.engine.archive import iter_archive
 from objq_broker.errors import LeaseLost, QueueNotFound, StateCorrupt, StorageError
+from objq_broker.model.encoding import decode_state
 from objq_broker.model.ops import Declare
-from objq_broker.model.records import decode_state
 from objq_broker.storage import MemoryStore, open_store
 from objq_broker.storage.faulty import FaultyStore
 

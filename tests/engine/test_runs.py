@@ -19,8 +19,9 @@ from objq_broker.engine.loading import RUN_CACHE_SIZE
 from objq_broker.engine.runs import MERGE_AT
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ConfigurationError, StateCorrupt
+from objq_broker.model.encoding import decode_state
 from objq_broker.model.ops import DeadLetters, Expire, FindJob
-from objq_broker.model.records import TAIL_FORMAT_VERSION, Job, RunRef, StateDoc, decode_state
+from objq_broker.model.records import TAIL_FORMAT_VERSION, Job, RunRef, StateDoc
 from objq_broker.storage import MemoryStore, ObjectStore, open_store
 from objq_broker.storage.faulty import FaultyStore
 from tests.support.releases import ENQUEUE_ONE, check_out, run_under

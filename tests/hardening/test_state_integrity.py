@@ -29,7 +29,8 @@ from objq_broker.engine import STATE_KEY, Engine
 from objq_broker.engine.guard import NAMESPACE_KEY
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.model import ops as op_types
-from objq_broker.model.records import BrokerRecord, decode_state
+from objq_broker.model.encoding import decode_state
+from objq_broker.model.records import BrokerRecord
 from objq_broker.model.values import NewJob
 from objq_broker.storage import MemoryStore, open_store
 from objq_broker.storage.base import Blob

@@ -6,9 +6,10 @@ import msgspec
 import pytest
 
 from objq_broker.errors import ConfigurationError, QueueNotFound
+from objq_broker.model.encoding import decode_state, encode_state
 from objq_broker.model.lifecycle import TOUCH_FRACTION
 from objq_broker.model.ops import Claim, Configure, Declare, Enqueue, Heartbeat
-from objq_broker.model.records import QueueConfig, StateDoc, decode_state, encode_state
+from objq_broker.model.records import QueueConfig, StateDoc
 from objq_broker.model.state import QueueState
 from objq_broker.model.values import NewJob
 

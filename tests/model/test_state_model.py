@@ -38,14 +38,8 @@ from hypothesis.stateful import (
 )
 
 from objq_broker.errors import JobNotFound, LeaseLost, QueueNotFound, StateCorrupt
-from objq_broker.model.records import (
-    Job,
-    QueueConfig,
-    StateDoc,
-    check_encoded,
-    decode_state,
-    encode_state,
-)
+from objq_broker.model.encoding import check_encoded, decode_state, encode_state
+from objq_broker.model.records import Job, QueueConfig, StateDoc
 from objq_broker.model.state import QueueState
 from objq_broker.model.values import NewJob, retry_delay
 

@@ -17,7 +17,8 @@ from objq_broker.errors import (
     StateCorrupt,
 )
 from objq_broker.model import backlog, indexed, leases
-from objq_broker.model.records import Job, QueueConfig, decode_state, encode_payload, encode_state
+from objq_broker.model.encoding import decode_state, encode_state
+from objq_broker.model.records import Job, QueueConfig, encode_payload
 from objq_broker.model.state import QueueState
 from objq_broker.model.values import NewJob, check_queue_name, retry_delay
 

@@ -13,7 +13,7 @@ import pytest
 
 from objq_broker import Queue
 from objq_broker.engine import STATE_KEY
-from objq_broker.model.records import decode_state
+from objq_broker.model.encoding import decode_state
 from objq_broker.storage import open_store
 
 #: Rows of the DataFrame written; the last one holds the bad values of the per-row cases.

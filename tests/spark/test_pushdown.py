@@ -18,7 +18,8 @@ from pyspark.sql import functions as F
 
 from objq_broker import Queue
 from objq_broker.engine.archive import archive_key
-from objq_broker.model.records import ArchiveRecord, Job, encode_archive
+from objq_broker.model.encoding import encode_archive
+from objq_broker.model.records import ArchiveRecord, Job
 from objq_broker.spark import register
 from objq_broker.spark.source import PUSHDOWN_CONF
 from objq_broker.storage import open_store

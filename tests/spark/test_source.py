@@ -22,7 +22,8 @@ from objq_broker.engine.archive import archive_key
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import QueueError
 from objq_broker.model.bodies import split_ref
-from objq_broker.model.records import ArchiveRecord, Job, decode_state, encode_archive
+from objq_broker.model.encoding import decode_state, encode_archive
+from objq_broker.model.records import ArchiveRecord, Job
 from objq_broker.spark import ObjqDataSource
 from objq_broker.spark.read import ObjqReader
 from objq_broker.storage import open_store

@@ -16,8 +16,9 @@ from kombu.utils.json import loads as kombu_loads
 from objq_broker import ConfigurationError, Queue
 from objq_broker.engine import STATE_KEY
 from objq_broker.model.bodies import encode_bodies
+from objq_broker.model.encoding import decode_state
 from objq_broker.model.messages import celery_message, describe, dramatiq_message
-from objq_broker.model.records import Job, decode_state
+from objq_broker.model.records import Job
 from objq_broker.model.runs import MAX_RUN_JOBS, build_run
 from objq_broker.model.state import QueueState
 from objq_broker.model.values import StagedBodies, StagedRun

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from objq_broker.engine import STATE_KEY
 from objq_broker.engine.snapshot import Snapshot
-from objq_broker.model.records import decode_state
+from objq_broker.model.encoding import decode_state
 from objq_broker.storage import ObjectStore
 
 

@@ -1,0 +1,157 @@
+"""The state's bytes: encoding it, and decoding it with every field checked, refusing a
+corrupt or unknown document with a message that says what was found where (it is never
+overwritten); the last check before a write that the bytes will decode again; and the archive
+objects' JSON lines."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from objq_broker.errors import StateCorrupt
+from objq_broker.model.checks import UNDECODABLE
+from objq_broker.model.records import READABLE_FORMATS, ArchiveRecord, StateDoc
+
+_encoder = msgspec.json.Encoder()
+_state_decoder = msgspec.json.Decoder(StateDoc)
+_format_probe = msgspec.json.Decoder(dict[str, object])
+
+
+def encode_state(doc: StateDoc) -> bytes:
+    return _encoder.encode(doc)
+
+
+#: Largest state object decoded unless told otherwise (``max_state_bytes``). The head of a
+#: namespace with runs stays far smaller (``docs/segments.md``); a state past this was most
+#: likely made to exhaust the memory of every process that reads it.
+DEFAULT_MAX_STATE_BYTES = 64 * 1024 * 1024
+
+
+def decode_state(data: bytes, where: str, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> StateDoc:
+    """Decode a stored state, or raise :class:`StateCorrupt` saying what was found where."""
+    if len(data) > max_bytes:
+        raise StateCorrupt(
+            f"{where}: expected a state of at most {max_bytes} bytes, found {len(data)} bytes; "
+            "if it is genuine (a namespace without runs holding hundreds of thousands of "
+            "jobs), raise the limit with the max_state_bytes option"
+        )
+    try:
+        doc = _state_decoder.decode(data)
+    except UNDECODABLE as exc:
+        raise StateCorrupt(_corrupt_message(where, _describe_format(data), str(exc))) from exc
+    if doc.format not in READABLE_FORMATS:
+        raise StateCorrupt(_corrupt_message(where, f"format {doc.format!r}", "unknown format"))
+    needed = doc.needed_format()
+    if doc.format < needed:
+        what = "an archive tail" if doc.archive_tail is not None else "runs"
+        found = f"format {doc.format} with {what}"
+        raise StateCorrupt(_corrupt_message(where, found, f"{what} need format {needed}"))
+    return doc
+
+
+def check_encoded(data: bytes, where: str) -> None:
+    """Refuse to let a state be written that its own decoder would refuse.
+
+    Every value is checked where it enters (``model.checks``), so this is the last line of
+    defence, and it must not cost a decode per commit. What slips past type checks is a
+    non-finite float: JSON has no way to write one, so msgspec writes ``null``, and the
+    decoder then refuses the field. So the encoded bytes are searched for a field written as
+    ``null`` that may not be (a quote not escaped by a backslash cannot lie inside a string,
+    so payloads never match); only then is the state decoded, and refused if that fails.
+    The search is a substring search in C from one ``":null`` to the next (a state holds a
+    few, one per queue that never expires), with only the key before each looked at here: a
+    regular expression over the whole state cost milliseconds per commit."""
+    start = 0
+    while (end := data.find(b'":null', start)) >= 0:
+        start = end + len(b'":null')
+        opening = data.rfind(b'"', 0, end)  # a key holds no quote: this one opens it
+        name = data[opening + 1 : end]
+        if opening < 0 or (opening > 0 and data[opening - 1] == _BACKSLASH):
+            continue  # not a real key: its quote is escaped, inside a string
+        if not _FIELD_NAME.fullmatch(name) or name.decode() in _NULLABLE_FIELDS:
+            continue
+        try:
+            decode_state(data, where, max_bytes=len(data))
+        except StateCorrupt as exc:
+            raise StateCorrupt(
+                f"{where}: refusing to write a state that could not be read back "
+                f"(field {name.decode()!r} written as null): {exc}"
+            ) from exc
+        return
+
+
+def _nullable_fields() -> frozenset[str]:
+    """The names of the state's fields (at any depth) that may be ``null``."""
+    names: set[str] = set()
+    seen: set[type] = set()
+    pending: list[msgspec.inspect.Type] = list(msgspec.inspect.multi_type_info([StateDoc]))
+    while pending:
+        kind = pending.pop()
+        if isinstance(kind, msgspec.inspect.StructType):
+            if kind.cls in seen:
+                continue
+            seen.add(kind.cls)
+            for field in kind.fields:
+                if _allows_none(field.type):
+                    names.add(field.encode_name)
+                pending.append(field.type)
+        elif isinstance(kind, msgspec.inspect.UnionType):
+            pending.extend(kind.types)
+        elif isinstance(kind, msgspec.inspect.ListType | msgspec.inspect.SetType):
+            pending.append(kind.item_type)
+        elif isinstance(kind, msgspec.inspect.DictType):
+            pending.append(kind.value_type)
+        elif isinstance(kind, msgspec.inspect.TupleType):
+            pending.extend(kind.item_types)
+    return frozenset(names)
+
+
+def _allows_none(kind: msgspec.inspect.Type) -> bool:
+    if isinstance(kind, msgspec.inspect.NoneType):
+        return True
+    return isinstance(kind, msgspec.inspect.UnionType) and any(
+        isinstance(t, msgspec.inspect.NoneType) for t in kind.types
+    )
+
+
+#: What a field's name looks like (a payload's bytes may look like anything).
+_FIELD_NAME = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
+_BACKSLASH = ord("\\")
+_NULLABLE_FIELDS = _nullable_fields()
+
+
+def _corrupt_message(where: str, found: str, detail: str) -> str:
+    return (
+        f"{where}: expected an objq state of format {', '.join(map(str, READABLE_FORMATS))}, "
+        f"found {found} ({detail}); "
+        "it will not be overwritten: restore it from a backup or move it aside"
+    )
+
+
+def _describe_format(data: bytes) -> str:
+    try:
+        probe = _format_probe.decode(data)
+    except UNDECODABLE:
+        return f"{len(data)} bytes that are not a JSON object (starting {data[:40]!r})"
+    fmt = probe.get("format")
+    if fmt not in READABLE_FORMATS:
+        return f"format {fmt!r}"
+    return "a document of the right format with invalid fields"
+
+
+def encode_archive(records: list[ArchiveRecord]) -> bytes:
+    return b"".join(_encoder.encode(record) + b"\n" for record in records)
+
+
+def decode_archive(data: bytes, where: str) -> list[ArchiveRecord]:
+    decoder = msgspec.json.Decoder(ArchiveRecord)
+    records = []
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(decoder.decode(line))
+        except UNDECODABLE as exc:
+            raise StateCorrupt(f"{where}, line {number}: not an archive record ({exc})") from exc
+    return records
