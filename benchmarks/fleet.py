@@ -383,8 +383,12 @@ def split(total: int, parts: int) -> list[int]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """The CPU time (user and system) process ``pid`` has used so far, from ``/proc``."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
+    """The CPU time (user and system) process ``pid`` has used so far, from ``/proc``; 0 for
+    a process already gone (its case fails on its missing tally, not here)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return 0.0
     fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) ": state is field 3
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
