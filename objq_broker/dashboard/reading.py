@@ -40,12 +40,6 @@ PREVIEW_CHARS = 80
 MAX_SESSIONS_SHOWN = 100
 
 
-def jobs_in(stats: QueueStats, state: JobState) -> int:
-    """How many of a queue's jobs are in ``state``."""
-    counts = {"ready": stats.ready, "delayed": stats.delayed, "dead": stats.dead}
-    return counts.get(state, stats.in_flight)
-
-
 @dataclass(frozen=True)
 class BrokerView:
     """The elected broker as the state names it, and the clients it commits for."""
@@ -184,13 +178,9 @@ class QueuePage:
     rows: list[JobRow]
     read_at: float
 
-    def count(self, state: JobState) -> int:
-        """How many jobs of the queue are in ``state`` (one tab's figure)."""
-        return jobs_in(self.counts, state)
-
     @property
     def total(self) -> int:
-        return self.count(self.state)
+        return self.counts.count(self.state)
 
     @property
     def first(self) -> int:
@@ -207,7 +197,7 @@ def read_queue_page(
     if queue not in snap.queue_names():
         raise QueueNotFound(f"queue {queue!r}: not declared in {store.url}")
     counts = snap.stats(queue)
-    pages = max(1, math.ceil(jobs_in(counts, state) / page_size))
+    pages = max(1, math.ceil(counts.count(state) / page_size))
     page = min(max(page, 1), pages)
     start = (page - 1) * page_size
     found = snap.jobs(queue, state, start + page_size)[start:]

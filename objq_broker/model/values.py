@@ -22,7 +22,7 @@ from objq_broker.model.checks import (
     SignedSeconds,
     checked,
 )
-from objq_broker.model.records import Job, OrderKey, Outcome, QueueConfig, RunRef
+from objq_broker.model.records import Job, JobState, OrderKey, Outcome, QueueConfig, RunRef
 from objq_broker.model.runs import MAX_RUN_JOBS
 
 #: Idempotency keys of staged writes (``enqueue_staged``) start with this, so they never meet
@@ -100,6 +100,11 @@ class QueueStats(msgspec.Struct, frozen=True):
     in_flight: int
     dead: int
     oldest_ready_age_seconds: float | None
+
+    def count(self, state: JobState) -> int:
+        """How many of the queue's jobs are in ``state``."""
+        counts = {"ready": self.ready, "delayed": self.delayed, "dead": self.dead}
+        return counts.get(state, self.in_flight)
 
 
 def check_queue_name(queue: object) -> str:
