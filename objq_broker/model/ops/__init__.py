@@ -15,19 +15,15 @@ Three class flags tell the committer how fresh the state must be:
 
 Build operations with the functions of :mod:`objq_broker.ops`, which check every value.
 
-The operations live in modules by what they do (``queues``, ``producing``, ``consuming``,
-``reading``, ``brokers``), on the base in ``base``; ``session`` holds a broker client's request
-and what a batch needs read. Import them from here.
+The operations live in modules by what they do, on the bases in ``base``: ``queues`` (queues
+and their dead letters), ``jobs`` (producing and consuming), ``reading`` (inspection and the
+write budget), and ``session`` (the broker record, a broker client's request, and the runs a
+batch needs read). Import them from here.
 """
 
 from __future__ import annotations
 
-from objq_broker.model.ops.base import (
-    Held,
-    Op,
-    Read,
-    T,
-)
+from objq_broker.model.ops.base import Held, Op, Read, T
 from objq_broker.model.ops.jobs import (
     Ack,
     Claim,
