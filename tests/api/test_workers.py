@@ -7,18 +7,11 @@ import os
 
 from objq_broker import Queue
 from objq_broker.model.workers import GONE_SECONDS, owner_parts
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 def test_holders_are_listed_with_what_they_hold_and_when_they_last_renewed() -> None:
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     url = "memory://workers-listed"
     with (
         Queue(url, broker="off", owner="web-1:101:dramatiq", clock=clock) as one,
@@ -47,7 +40,7 @@ def test_holders_are_listed_with_what_they_hold_and_when_they_last_renewed() -> 
 
 
 def test_a_holder_whose_leases_ran_out_is_gone_for_an_hour_then_dropped() -> None:
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     url = "memory://workers-gone"
     with (
         Queue(url, broker="off", owner="dead:1:celery", clock=clock) as dead,

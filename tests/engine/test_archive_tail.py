@@ -29,17 +29,8 @@ from objq_broker.model.records import (
     Job,
 )
 from objq_broker.storage import MemoryStore, open_store
+from tests.support.clock import ManualClock
 from tests.support.releases import ENQUEUE_ONE, check_out, run_under
-
-
-class Clock:
-    """A clock the test moves."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _finish(queue: Queue, payloads: list[bytes]) -> None:
@@ -90,7 +81,7 @@ def test_acks_ride_in_the_state_until_their_records_fill_an_object() -> None:
 def test_a_tail_from_an_earlier_hour_goes_to_its_own_hour_folder() -> None:
     store = MemoryStore("tail-hours")
     ten = datetime(2026, 3, 5, 10, 30, tzinfo=UTC).timestamp()
-    clock = Clock(ten)
+    clock = ManualClock(ten)
     with Queue(store=store, clock=clock) as queue:
         _finish(queue, [b"at ten"])
         assert archive_keys(store) == []

@@ -24,6 +24,7 @@ from objq_broker.model.ops import DeadLetters, Expire, FindJob
 from objq_broker.model.records import TAIL_FORMAT_VERSION, Job, RunRef, StateDoc
 from objq_broker.storage import MemoryStore, ObjectStore, open_store
 from objq_broker.storage.faulty import FaultyStore
+from tests.support.clock import ManualClock
 from tests.support.releases import ENQUEUE_ONE, check_out, run_under
 
 JOBS = 23
@@ -266,18 +267,8 @@ def runs_of(store: ObjectStore) -> list[RunRef]:
     return [ref for refs in decode_state(blob.data, "test").runs.values() for ref in refs]
 
 
-class Clock:
-    """A clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_dead_letters_past_the_bound_leave_the_head_and_stay_exact(store: ObjectStore) -> None:
-    clock = Clock()
+    clock = ManualClock()
     engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS, clock=clock)
     try:
         engine.call(ops.declare("q", {"max_attempts": 1, "dead_ttl_seconds": 100}))
@@ -321,7 +312,7 @@ def test_dead_letters_past_the_bound_leave_the_head_and_stay_exact(store: Object
 def test_idempotency_keys_past_the_bound_leave_the_head_and_still_hold(
     store: ObjectStore,
 ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS, clock=clock)
     try:
         engine.call(ops.declare("q", {"idempotency_seconds": 50}))

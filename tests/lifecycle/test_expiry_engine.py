@@ -15,15 +15,8 @@ from objq_broker.model.ops import Declare, Enqueue, Expire
 from objq_broker.model.records import QueueConfig
 from objq_broker.model.values import NewJob
 from objq_broker.storage import MemoryStore, ObjectStore, open_store
+from tests.support.clock import ManualClock
 from tests.support.waiting import wait_for
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def bind(store: ObjectStore, exchange: str, queue: str, kind: str = "topic") -> None:
@@ -40,7 +33,7 @@ def bound(store: ObjectStore, exchange: str) -> list[str]:
 
 
 def test_an_expired_queue_loses_its_bindings_once_the_commit_landed() -> None:
-    store, clock = MemoryStore(), Clock()
+    store, clock = MemoryStore(), ManualClock(1_000.0)
     engine = Engine(store, clock=clock)
     try:
         engine.call(Declare("celeryev.dead", QueueConfig(expires_seconds=2.0)))

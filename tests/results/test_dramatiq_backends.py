@@ -24,6 +24,7 @@ from objq_broker.errors import ConfigurationError, StateCorrupt
 from objq_broker.results.store import ResultStore
 from objq_broker.storage import ObjectStore
 from tests.results import dramatiq_hammer
+from tests.support.clock import ManualClock
 from tests.support.processes import Children
 from tests.support.waiting import wait_for
 
@@ -64,16 +65,6 @@ def test_ttls_must_be_positive_milliseconds(store: ObjectStore) -> None:
     assert store.list("") == [], "a refused call wrote something"
 
 
-class SteppedClock:
-    """A clock that moves only when told: a slow server cannot expire anything early."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 # --- results ---------------------------------------------------------------------------------
 
 
@@ -81,7 +72,7 @@ def test_results_are_read_back_until_their_ttl_passes(store_url: str, store: Obj
     # A worker's backend and a client's, each with its own store object on the same storage
     worker_side = ObjqResultBackend(url=store_url)
     client_side = ObjqResultBackend(store=store)
-    clock = SteppedClock()
+    clock = ManualClock(time.time())
     worker_side.records.clock = client_side.records.clock = clock
     short, kept, unknown = a_message(), a_message(), a_message()
     worker_side.store_result(short, {"sum": 42}, ttl=1000)
@@ -308,7 +299,7 @@ def test_add_incr_and_decr_respect_their_bounds_under_concurrency(store: ObjectS
 
 def test_counters_expire_after_their_ttl_in_milliseconds(store: ObjectStore) -> None:
     backend = ObjqRateLimiterBackend(store=store)
-    backend.records.clock = clock = SteppedClock()
+    backend.records.clock = clock = ManualClock(time.time())
     assert backend.add("mutex", 1, ttl=300)
     clock.now += 0.299
     assert not backend.add("mutex", 1, ttl=300)
@@ -319,7 +310,7 @@ def test_counters_expire_after_their_ttl_in_milliseconds(store: ObjectStore) -> 
 def test_a_short_lived_counter_does_not_cut_a_long_one_short(store: ObjectStore) -> None:
     # Both keys belong to limiter "shared", so they share one object
     backend = ObjqRateLimiterBackend(store=store)
-    backend.records.clock = clock = SteppedClock()
+    backend.records.clock = clock = ManualClock(time.time())
     assert backend.add("shared", 1, ttl=600_000)
     assert backend.add("shared@1", 1, ttl=200)
     clock.now += 0.4

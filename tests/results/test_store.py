@@ -15,18 +15,11 @@ from objq_broker.errors import InvalidKey, StateCorrupt
 from objq_broker.results import store as store_module
 from objq_broker.results.store import ResultStore
 from objq_broker.storage import ObjectStore, open_store
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 def test_a_result_is_read_back_until_it_expires(store: ObjectStore) -> None:
-    clock = Clock()
+    clock = ManualClock()
     results = ResultStore(store, clock=clock)
     results.set("a", b"first", ttl=10)
     results.set("b", b"kept", ttl=None)
@@ -46,7 +39,7 @@ def test_a_result_is_read_back_until_it_expires(store: ObjectStore) -> None:
 
 
 def test_add_stores_only_where_nothing_live_is(store: ObjectStore) -> None:
-    clock = Clock()
+    clock = ManualClock()
     results = ResultStore(store, clock=clock)
     assert results.add("k", b"1", ttl=5)
     assert not results.add("k", b"2", ttl=5)

@@ -23,6 +23,7 @@ from objq_broker.model.runs import MAX_RUN_JOBS, build_run
 from objq_broker.model.state import QueueState
 from objq_broker.model.values import StagedBodies, StagedRun
 from objq_broker.storage import MemoryStore
+from tests.support.clock import ManualClock
 
 
 def _stage(store: MemoryStore, key: str, bodies: list[str]) -> StagedBodies:
@@ -151,14 +152,6 @@ def test_celery_message_is_consumed_through_the_objq_kombu_transport(tmp_path: P
             simple.close()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _stage_runs(
     store: MemoryStore, name: str, rows: list[tuple[str, int, float]]
 ) -> list[StagedRun]:
@@ -194,7 +187,7 @@ def _stage_runs(
 
 def test_staged_runs_take_their_place_in_the_queue_without_entering_the_head() -> None:
     store = MemoryStore("staged-runs")
-    clock = Clock()
+    clock = ManualClock()
     with Queue(store=store, clock=clock) as queue:
         queue.enqueue("q", b"before")
         runs = _stage_runs(store, "staging/w/0", [("x", 1, 0.0), ("y", 0, 0.0), ("z", 0, 60.0)])
