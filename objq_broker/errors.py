@@ -119,6 +119,10 @@ class BrokerUnreachable(StorageUnavailable):
     namespace); the client looks for another, or takes over, or commits directly."""
 
 
+class RequestTooLarge(ConfigurationError):
+    """An operation is larger than a broker takes in one request; nothing of it was sent."""
+
+
 # --- queue -----------------------------------------------------------------------------------
 
 

@@ -197,12 +197,12 @@ def open_committer(
     broker (:mod:`objq_broker.broker.settings` lists the modes)."""
     if settings.mode == "off" or (settings.implicit and not _brokered_by_default(store, options)):
         return Engine(store, **options)
-    try:  # needs grpcio: imported only when a broker is asked for
+    try:  # needs pyzmq: imported only when a broker is asked for
         from objq_broker.broker.elected import ElectedCommitter
     except ModuleNotFoundError as exc:
         raise ConfigurationError(
-            f"Queue: broker mode {settings.mode!r} needs grpcio ({exc}): "
-            "pip install grpcio, or pass broker='off'"
+            f"Queue: broker mode {settings.mode!r} needs pyzmq ({exc}): "
+            "pip install pyzmq, or pass broker='off'"
         ) from exc
     refused = sorted(set(options) & {"epoch", "exclusive"})
     if refused:
@@ -219,12 +219,12 @@ def open_committer(
 def _brokered_by_default(store: ObjectStore, options: dict[str, Any]) -> bool:
     """Whether a queue that did not ask for a mode goes through the namespace's broker: not
     when no other process can see its store (``memory://``, wrapped or not), when it asks for
-    the engine's own broker-side options, or when grpcio is missing (it then commits
+    the engine's own broker-side options, or when pyzmq is missing (it then commits
     directly, as with ``broker="off"``)."""
     if store.url.startswith("memory://") or {"epoch", "exclusive"} & set(options):
         return False
-    if importlib.util.find_spec("grpc") is None:
-        log.info("%s: grpcio is not installed; committing directly (broker mode off)", store.url)
+    if importlib.util.find_spec("zmq") is None:
+        log.info("%s: pyzmq is not installed; committing directly (broker mode off)", store.url)
         return False
     return True
 

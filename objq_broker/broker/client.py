@@ -1,151 +1,347 @@
-"""One client's connection to a broker: sessions out, outcomes back, commit notices streamed.
+"""One client's connection to a broker: requests out, answers back, commit notices pushed.
 
-:class:`BrokerLink` is transport only. Deciding which broker to talk to, and what to do when it
-is gone, is :mod:`objq_broker.broker.elected`'s job. Every failure of the link itself becomes
-one of three errors: :class:`~objq_broker.errors.BrokerUnreachable` (gone, paused, not a broker
-of this namespace: look for another), :class:`~objq_broker.errors.WriterFenced` (it was
-replaced: look for its successor) and :class:`~objq_broker.errors.AccessDenied` (wrong token or
-TLS setting: no other broker will do better).
+:class:`BrokerLink` is transport only: one DEALER socket to the broker's address, served by one
+I/O thread, shared by every caller of the process (the sender of sessions, waiting claims,
+hellos), each request numbered so that many are in flight at once. Deciding which broker to talk
+to, and what to do when it is gone, is :mod:`objq_broker.broker.routing`'s job. Every failure
+of the link itself becomes one of three errors: :class:`~objq_broker.errors.BrokerUnreachable`
+(gone, paused, not a broker of this namespace: look for another),
+:class:`~objq_broker.errors.WriterFenced` (it was replaced: look for its successor) and
+:class:`~objq_broker.errors.AccessDenied` (wrong or missing token, or one side secured and the
+other not: no other broker will do better, so it is said at once, never waited out).
+
+libzmq drops a peer whose handshake fails without a word to the application; the link watches
+its socket's events and turns a refused handshake into that one clear error.
+
+Links do not survive ``fork()``: libzmq's context and threads stay with the parent. The
+committer that holds a link makes a new one in a forked child (see
+:mod:`objq_broker.broker.elected`), on a context of the child's own (:func:`context`).
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
-import grpc
+import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from objq_broker.broker import wire
-from objq_broker.broker.server import (
-    APPLY_METHOD,
-    CLAIM_METHOD,
-    GRPC_OPTIONS,
-    HELLO_METHOD,
-    TOKEN_METADATA,
-    WATCH_METHOD,
+from objq_broker.broker.keys import curve_keys
+from objq_broker.broker.server import HEARTBEAT_MS, HEARTBEAT_TIMEOUT_MS, WATCH_LEASE_SECONDS
+from objq_broker.errors import (
+    AccessDenied,
+    BrokerUnreachable,
+    ObjqError,
+    RequestTooLarge,
+    WriterFenced,
 )
-from objq_broker.errors import AccessDenied, BrokerUnreachable, ConfigurationError, WriterFenced
 from objq_broker.model.ops import Outcomes, Session
 
 log = logging.getLogger("objq_broker.broker")
 
 #: How long a hello may take before the broker counts as unreachable.
 HELLO_TIMEOUT_SECONDS = 2.0
+#: How much longer than its wait a waiting claim's answer may take.
+CLAIM_GRACE_SECONDS = 5.0
+
+_contexts: dict[int, zmq.Context[zmq.Socket[bytes]]] = {}
+_context_lock = threading.Lock()
+
+
+def context() -> zmq.Context[zmq.Socket[bytes]]:
+    """This process's libzmq context (a forked child makes its own: its parent's entry is
+    left alone, since closing a context inherited across ``fork()`` is unsafe)."""
+    with _context_lock:
+        pid = os.getpid()
+        if pid not in _contexts:
+            _contexts[pid] = zmq.Context()
+        return _contexts[pid]
+
+
+_TOKEN_HINT = "set the same OBJQ_BROKER_TOKEN (broker_token=) on the broker and its clients"
+
+
+class _Call:
+    """One request in flight: its caller waits on ``done`` (acquired until answered)."""
+
+    __slots__ = ("answer", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.answer: tuple[bytes, bytes] | None = None
+        self.error: ObjqError | None = None
 
 
 class BrokerLink:
-    """A channel to the broker at ``address``.
+    """A connection to the broker at ``address``.
 
-    ``token``: the shared token, if the broker requires one. ``tls_ca``: a PEM file of the
-    certificate authority to trust (or True for the system's): the channel uses TLS then.
+    ``token``: the shared token, if the broker requires one (the link is CURVE then).
+    ``key``: the broker's public key as its record gives it (None: a broker without a token,
+    or one named by address, whose key the handshake checks).
     """
 
-    def __init__(
-        self, address: str, *, token: str | None = None, tls_ca: str | bool | None = None
-    ) -> None:
+    def __init__(self, address: str, *, token: str | None = None, key: str | None = None) -> None:
         self.address = address
-        self._metadata = ((TOKEN_METADATA, token),) if token else ()
-        if tls_ca:
-            self._channel = grpc.secure_channel(address, _credentials(tls_ca), GRPC_OPTIONS)
-        else:
-            self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
-        self._apply: Any = self._channel.unary_unary(APPLY_METHOD)
-        self._hello: Any = self._channel.unary_unary(HELLO_METHOD)
-        self._watch: Any = self._channel.unary_stream(WATCH_METHOD)
-        self._claim: Any = self._channel.unary_unary(CLAIM_METHOD)
-        self._streams: list[Any] = []
+        self.max_request_bytes = wire.MAX_REQUEST_BYTES  # until the broker's hello says
+        self._check_keys(token, key)
+        self._token = token
+        self._calls: dict[bytes, _Call] = {}
+        self._ids = itertools.count(1)
+        self._outgoing: collections.deque[list[bytes]] = collections.deque()
         self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        self._woken = False
+        self._closed = False
+        self._denied: ObjqError | None = None
+        self._watcher: Callable[[], None] | None = None
+        self._watch_due = 0.0
+        ctx = context()
+        self._socket: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        sock = self._socket
+        sock.setsockopt(zmq.LINGER, 0)
+        # Picked here and never shown: the broker binds this process's client ids to it.
+        sock.setsockopt(zmq.ROUTING_ID, os.urandom(16))
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        if token:
+            keys = curve_keys(token)
+            sock.setsockopt(zmq.CURVE_SERVERKEY, keys.broker_public)
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.client_public)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, keys.client_secret)
+        monitor_at = f"inproc://objq-link-{id(self)}-{os.urandom(4).hex()}"
+        sock.monitor(monitor_at, zmq.EVENT_HANDSHAKE_SUCCEEDED | _FAILED)
+        self._monitor: zmq.Socket[bytes] = ctx.socket(zmq.PAIR)
+        self._monitor.connect(monitor_at)
+        host, _, port = address.rpartition(":")
+        if ":" in host.strip("[]"):
+            sock.setsockopt(zmq.IPV6, 1)
+        sock.connect(f"tcp://{host}:{port}")
+        self._thread = threading.Thread(
+            target=self._serve, name=f"objq-link {address}", daemon=True
+        )
+        self._thread.start()
 
     def __repr__(self) -> str:
         return f"BrokerLink({self.address!r})"
 
+    def _check_keys(self, token: str | None, key: str | None) -> None:
+        """Refuse at once what no handshake could pass: the record tells whether the broker
+        has a token, and its key tells whether it is ours."""
+        if key is not None and not token:
+            raise AccessDenied(
+                f"broker {self.address}: the broker is secured and this process has no token "
+                f"(missing or wrong token): {_TOKEN_HINT}"
+            )
+        if key is not None and token and curve_keys(token).broker_public.decode() != key:
+            raise AccessDenied(
+                f"broker {self.address}: missing or wrong token (this process's token does "
+                f"not give the broker's key): {_TOKEN_HINT}"
+            )
+
+    # --- the calls ----------------------------------------------------------------------------
+
     def apply(self, session: Session, timeout: float) -> Outcomes:
         """Send ``session``; its outcomes once the broker has committed it."""
-        try:
-            response = self._apply(
-                wire.encode_request(session), timeout=timeout, metadata=self._metadata
-            )
-        except grpc.RpcError as exc:
-            raise self._error(exc, timeout) from None
-        return wire.decode_response(response, session.ops)
+        body = wire.encode_request(session)
+        _, answer = self._call(wire.APPLY, body, timeout)
+        return wire.decode_response(answer, session.ops)
 
     def claim(self, session: Session, wait_seconds: float, timeout: float) -> Outcomes | None:
         """Send ``session`` (one claim) to wait at the broker up to ``wait_seconds`` for jobs;
-        its outcome once it took some, was refused, or the wait is over. None from a broker
-        too old to take waiting claims (nothing was applied)."""
-        request = wire.encode_claim(session, wait_seconds)
-        try:
-            response = self._claim(request, timeout=timeout, metadata=self._metadata)
-        except ValueError as exc:  # the channel was closed meanwhile: this link is done
-            raise BrokerUnreachable(f"broker {self.address}: {exc}") from None
-        except grpc.RpcError as exc:
-            if getattr(exc, "code", lambda: None)() == grpc.StatusCode.UNIMPLEMENTED:
-                return None
-            raise self._error(exc, timeout) from None
-        return wire.decode_response(response, session.ops)
+        its outcome once it took some, was refused, or the wait is over."""
+        body = wire.encode_claim(session, wait_seconds)
+        _, answer = self._call(wire.CLAIM, body, timeout + CLAIM_GRACE_SECONDS)
+        return wire.decode_response(answer, session.ops)
 
     def hello(self, timeout: float = HELLO_TIMEOUT_SECONDS) -> wire.Hello:
         """Who answers at this address."""
-        try:
-            return wire.decode_hello(self._hello(b"", timeout=timeout, metadata=self._metadata))
-        except grpc.RpcError as exc:
-            raise self._error(exc, timeout) from None
+        body = wire.encode(wire.ClientHello(protocol=1))
+        _, answer = self._call(wire.HELLO, body, timeout)
+        hello = wire.decode_hello(answer)
+        self.max_request_bytes = hello.max_request_bytes
+        return hello
 
     def watch(self, notice: Callable[[], None]) -> None:
-        """Call ``notice`` after each of the broker's commits until the stream ends (the
-        broker stopped, or :meth:`close`); raises what ended it otherwise."""
-        try:
-            stream = self._watch(b"", metadata=self._metadata)
-        except ValueError:  # the channel was closed meanwhile: nothing more to watch
-            return
-        with self._lock:
-            self._streams.append(stream)
-        try:
-            for _ in stream:
-                notice()
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED:
-                raise self._error(exc, None) from None
-        finally:
-            with self._lock:
-                self._streams.remove(stream)
+        """Call ``notice`` (on this link's thread) after each of the broker's commits that
+        made jobs claimable, until :meth:`close`."""
+        self._watcher = notice
+        self._watch_due = 0.0
+        self._wake()
 
     def close(self) -> None:
-        with self._lock:
-            streams = list(self._streams)
-        for stream in streams:
-            stream.cancel()
-        self._channel.close()
+        self._closed = True
+        self._wake()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(2.0)
 
-    def _error(self, exc: grpc.RpcError, timeout: float | None) -> Exception:
-        # A failed call's error is also its grpc.Call, which says why.
-        code: Any = getattr(exc, "code", lambda: None)()
-        detail: Any = getattr(exc, "details", lambda: str(exc))()
-        if code == grpc.StatusCode.UNAUTHENTICATED:
-            return AccessDenied(f"broker {self.address}: {detail}")
-        if code == grpc.StatusCode.FAILED_PRECONDITION:
-            return WriterFenced(f"broker {self.address}: {detail}")
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return BrokerUnreachable(
+    def _call(self, kind: bytes, body: bytes, timeout: float) -> tuple[bytes, bytes]:
+        if len(body) > self.max_request_bytes:
+            raise RequestTooLarge(
+                f"broker {self.address}: a request of {len(body):,} bytes is over the "
+                f"{self.max_request_bytes:,} bytes the broker takes; send fewer or smaller "
+                "jobs at once"
+            )
+        if self._denied is not None:
+            raise self._denied
+        if self._closed:
+            raise BrokerUnreachable(f"broker {self.address}: the link is closed")
+        call = _Call()
+        rid = wire.request_id(next(self._ids))
+        with self._lock:
+            self._calls[rid] = call
+        self._outgoing.append([wire.PROTOCOL, kind, rid, body])
+        self._wake()
+        if not call.done.acquire(timeout=timeout):
+            with self._lock:
+                self._calls.pop(rid, None)
+            if self._denied is not None:
+                raise self._denied
+            raise BrokerUnreachable(
                 f"broker {self.address}: no answer within {timeout:g} s; "
                 "the operations may or may not have been applied"
             )
-        if code == grpc.StatusCode.UNAVAILABLE and "handshake" in str(detail).lower():
+        if call.error is not None:
+            raise call.error
+        assert call.answer is not None
+        return call.answer
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self._woken or self._wake_w < 0:
+                return
+            self._woken = True
+        os.write(self._wake_w, b"!")
+
+    # --- the I/O thread -----------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        try:
+            while not self._closed:
+                timeout = 1000
+                if self._watcher is not None:
+                    timeout = max(min(timeout, int((self._watch_due - time.monotonic()) * 1000)), 0)
+                ready = dict(poller.poll(timeout))
+                if self._wake_r in ready:
+                    with self._lock:
+                        os.read(self._wake_r, 4096)
+                        self._woken = False
+                if self._monitor in ready:
+                    self._handshake_event()
+                if self._socket in ready:
+                    self._take_answers()
+                self._send()
+                if self._watcher is not None and time.monotonic() >= self._watch_due:
+                    self._watch_due = time.monotonic() + WATCH_LEASE_SECONDS / 3
+                    self._outgoing.append([wire.PROTOCOL, wire.WATCH, wire.request_id(0), b""])
+                    self._send()
+        except Exception:
+            log.exception("broker link %s failed", self.address)
+        finally:
+            self._fail_all(BrokerUnreachable(f"broker {self.address}: the link is closed"))
+            self._socket.close(0)
+            self._monitor.close(0)
+            with self._lock:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_w = -1
+
+    def _send(self) -> None:
+        while self._outgoing:
+            frames = self._outgoing.popleft()
+            try:
+                self._socket.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:  # not connected yet, or the broker reads nothing: wait
+                self._outgoing.appendleft(frames)
+                return
+
+    def _take_answers(self) -> None:
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 4 or frames[0] != wire.PROTOCOL:
+                log.warning("broker %s: unreadable answer ignored", self.address)
+                continue
+            _, kind, rid, body = frames
+            if kind == wire.NOTICE:
+                watcher = self._watcher
+                if watcher is not None:
+                    watcher()
+                continue
+            with self._lock:
+                call = self._calls.pop(rid, None)
+            if call is None:  # its caller gave up waiting
+                continue
+            if kind == wire.REFUSED:
+                call.error = self._refusal(body)
+            else:
+                call.answer = (kind, body)
+            call.done.release()
+
+    def _refusal(self, body: bytes) -> ObjqError:
+        error = wire.decode_refused(body)
+        if isinstance(error, WriterFenced | AccessDenied | BrokerUnreachable):
+            return type(error)(f"broker {self.address}: {error}")
+        return error
+
+    def _handshake_event(self) -> None:
+        event = parse_monitor_message(self._monitor.recv_multipart())
+        code = event["event"]
+        if code == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._denied = None
+            return
+        denied = self._denial(code, event["value"])
+        if denied is None:
+            return
+        log.warning("%s", denied)
+        self._denied = denied
+        self._fail_all(denied)
+
+    def _denial(self, code: int, value: int) -> AccessDenied | None:
+        """What a failed handshake says (None: the peer is no broker at all; it stays
+        unreachable, and may be taken over)."""
+        if code == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return AccessDenied(
-                f"broker {self.address}: TLS handshake failed ({detail}); check that the "
-                "broker and its clients agree on TLS and the certificate authority"
+                f"broker {self.address} refused this process: missing or wrong token; {_TOKEN_HINT}"
             )
-        return BrokerUnreachable(f"broker {self.address} unreachable or failed: {detail}")
+        if code == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == _MECHANISM_MISMATCH:
+            ours = "has a token and the broker has none" if self._token else "has no token"
+            return AccessDenied(
+                f"broker {self.address} refused this process (missing or wrong token): this "
+                f"process {ours}; {_TOKEN_HINT}"
+            )
+        if code == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self._token:
+            # A CURVE greeting a broker could not read: a wrong token, as far as one can tell
+            # (a record's key is checked before connecting; this is a broker named by address).
+            return AccessDenied(
+                f"broker {self.address}: handshake failed: missing or wrong token, or not an "
+                f"objq broker; {_TOKEN_HINT}"
+            )
+        return None
+
+    def _fail_all(self, error: ObjqError) -> None:
+        with self._lock:
+            calls, self._calls = self._calls, {}
+        for call in calls.values():
+            call.error = error
+            call.done.release()
 
 
-def _credentials(tls_ca: str | bool) -> grpc.ChannelCredentials:
-    if tls_ca is True:
-        return grpc.ssl_channel_credentials()
-    try:
-        root = Path(str(tls_ca)).read_bytes()
-    except OSError as exc:
-        raise ConfigurationError(f"objq broker: cannot read TLS CA file: {exc}") from exc
-    return grpc.ssl_channel_credentials(root_certificates=root)
+_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+_MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH

@@ -8,7 +8,7 @@ one sender thread takes whatever operations are pending, numbers them as one
 * **Leader**: this process holds the broker record. The session goes to its own exclusive
   engine, which also serves the other processes (:class:`~objq_broker.broker.server.BrokerServer`)
   and reads the state only after a conflict.
-* **Follower**: another process holds it. The session goes there over gRPC; claimers wait on
+* **Follower**: another process holds it. The session goes there over libzmq; claimers wait on
   the broker's commit notices, not on storage.
 * **Direct**: no broker can be had (``client`` mode with none reachable): the session is
   committed by compare-and-set, as with no broker at all.
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from objq_broker.broker.client import BrokerLink
+from objq_broker.broker.keys import require_token
 from objq_broker.broker.parking import LANE_STRIDE
 from objq_broker.broker.routing import BrokerRouting
-from objq_broker.broker.server import require_token
 from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.base import DEFAULT_COMMIT_DEADLINE_SECONDS
 from objq_broker.engine.batch import EngineMetrics

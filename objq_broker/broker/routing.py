@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -30,7 +31,6 @@ from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import (
     BrokerTaken,
     BrokerUnreachable,
-    ObjqError,
     StorageUnavailable,
     WriterFenced,
 )
@@ -46,6 +46,16 @@ RETRY_PAUSE_SECONDS = 0.25
 RECORD_RECHECK_SECONDS = 1.0
 
 Target = Engine | BrokerLink
+
+
+def host_id() -> str:
+    """Which loopback this process shares: its host's name and network namespace (processes
+    in two containers of one machine reach each other's loopback no more than two hosts do)."""
+    try:
+        namespace = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        namespace = 0
+    return f"{socket.gethostname()}/{namespace}"
 
 
 class BrokerRouting:
@@ -174,10 +184,8 @@ class BrokerRouting:
         self._record = record
         self._unreachable_since = None
         if record is not None:
-            self._link = self._open_link(record.address, tls=record.tls)
-            threading.Thread(
-                target=self._watch, args=(self._link,), name="objq-broker-watch", daemon=True
-            ).start()
+            self._link = self._open_link(record.address, key=record.key)
+            self._link.watch(self._notify_readied)
 
     def _reachable(self, link: BrokerLink, record: BrokerRecord | None) -> bool:
         """Whether ``link`` answers as ``record``'s broker (another process on a reused port,
@@ -231,16 +239,15 @@ class BrokerRouting:
         """Become the broker, if the record still says ``seen``; None when another won."""
         engine = Engine(self.store, exclusive=True, bodies=self.bodies, **self._engine_options)
         settings = self.settings
-        server = BrokerServer(
-            engine, listen=settings.listen, token=settings.token, tls=settings.tls
-        )
+        server = BrokerServer(engine, listen=settings.listen, token=settings.token)
         server.start()
         record = BrokerRecord(
             id=uuid.uuid4().hex,
             address=settings.advertise or server.address,
             epoch=0,
             since=0.0,
-            tls=settings.tls is not None,
+            key=server.public_key,
+            host=host_id(),
         )
         try:
             won = engine.submit(TakeBroker(record, None if seen is None else seen.epoch)).result()
@@ -261,11 +268,8 @@ class BrokerRouting:
         log.info("broker of %s at %s (epoch %d)", self.store.url, won.address, won.epoch)
         return engine
 
-    def _open_link(self, address: str, *, tls: bool = False) -> BrokerLink:
-        ca: str | bool | None = self.settings.tls_ca
-        if ca == "system" or (tls and not ca):
-            ca = True
-        return BrokerLink(address, token=self.settings.token, tls_ca=ca if (tls or ca) else None)
+    def _open_link(self, address: str, *, key: str | None = None) -> BrokerLink:
+        return BrokerLink(address, token=self.settings.token, key=key)
 
     def _drop_link(self) -> None:
         link, self._link = self._link, None
@@ -285,16 +289,6 @@ class BrokerRouting:
             self._retired.append(leader)
             self._record = None
             self._record_read_at = float("-inf")
-
-    def _watch(self, link: BrokerLink) -> None:
-        """Relay the broker's commit notices to this process's claimers while ``link`` is the
-        current one; a broken stream is opened again after a pause."""
-        while link is self._link and not self._closing:
-            try:
-                link.watch(self._notify_readied)
-            except ObjqError as exc:
-                log.debug("watch on %s ended: %s", link.address, exc)
-            time.sleep(RETRY_PAUSE_SECONDS)
 
     def _notify_if_readied(self, engine: Engine) -> None:
         """After a commit of this process's broker engine (most are other processes'

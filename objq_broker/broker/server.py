@@ -1,97 +1,95 @@
 """The broker's service: one process runs the commit loop for a namespace and takes the
-operations of every other process over gRPC, so they stop racing each other's writes.
+operations of every other process over libzmq, so they stop racing each other's writes.
 
-Three methods under ``/objq.Broker/``:
+One ROUTER socket takes every client's connection, and one I/O thread serves it: it reads a
+request (:mod:`objq_broker.broker.wire`), hands its session to the engine and goes on; the
+commit's completion puts the answer in an outbox and wakes the thread, which sends it. No
+thread waits on a commit, and an idle connection costs a socket and nothing else.
 
-* ``Apply``: a request is one client's :class:`~objq_broker.model.ops.Session` (a numbered
-  batch of operations, :mod:`objq_broker.broker.wire`). The broker submits it to its engine, so
-  it shares a commit with every other client's, and answers once it is durable (or refused)
-  with one outcome per operation. A broker that a newer one has fenced answers
-  ``FAILED_PRECONDITION``: the client looks up the new one and sends the same session there.
-* ``Hello``: which broker this is (its id, namespace and epoch), so a client never mistakes
-  another process on a reused port for its broker.
-* ``Claim``: a session holding one claim that may wait: the broker commits it, and while it
-  finds nothing parks it (:mod:`objq_broker.broker.parking`): the commit that readies a job in
-  its queues applies it too, up to the wait the request gives. Nobody polls, and one job
-  answers one claimer.
-* ``Watch``: a stream with one small message after each commit that made jobs claimable, for
-  claimers that wait on their own (an event loop's claim-ahead).
+* ``hello``: which broker this is (id, namespace, epoch, protocol, largest request), so a client
+  never mistakes another process on a reused port for its broker.
+* ``apply``: a :class:`~objq_broker.model.ops.Session` shares a commit with everyone else's and
+  is answered once durable (or refused) with one outcome per operation. A broker that a newer
+  one fenced refuses it with :class:`~objq_broker.errors.WriterFenced`: the client looks up
+  the new one and sends the same session there.
+* ``claim``: one claim that may wait: while it finds nothing it is parked
+  (:mod:`objq_broker.broker.parking`) and the commit that readies a job applies it too.
+  Parked claims wait on threads of their own, at most ``max_parked`` at once; beyond that a
+  claim is answered at once and its client waits for a notice instead.
+* ``watch``: the connection gets a ``notice`` after each commit that made jobs claimable, for
+  the next :data:`WATCH_LEASE_SECONDS` (the client renews it).
 
-A shared token (metadata ``objq-token``) is required for any address beyond loopback; it is
-compared in constant time and never logged. TLS is on when a certificate and key are given.
+A client id is bound to the connection that first used it (by its routing id, which the client
+picks at random and never shows): a session under another connection's id is refused, so
+nobody can replay or fence another client's work. With a token the socket is a CURVE server
+(:mod:`objq_broker.broker.keys`) and admits only clients whose key derives from it: libzmq
+drops anyone else before a frame of theirs is read. A request over ``max_request_bytes`` is
+dropped by libzmq unread, so no peer can make the broker hold more than that per message.
 """
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
+import collections
+import contextlib
 import logging
+import os
 import queue
+import socket
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
-import grpc
+import zmq
+import zmq.utils.z85
 
 from objq_broker.broker import wire
+from objq_broker.broker.keys import curve_keys, require_token
 from objq_broker.broker.parking import ClaimPark
 from objq_broker.engine.batch import NOT_READIED, ReadyMark
 from objq_broker.engine.commit import Engine
-from objq_broker.errors import ConfigurationError, ObjqError, WriterFenced
+from objq_broker.errors import AccessDenied, ConfigurationError, ObjqError, WriterFenced
 from objq_broker.model.ops import Outcomes, Session
 
 log = logging.getLogger("objq_broker.broker")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-#: The service and its methods.
-SERVICE = "objq.Broker"
-APPLY_METHOD = f"/{SERVICE}/Apply"
-HELLO_METHOD = f"/{SERVICE}/Hello"
-WATCH_METHOD = f"/{SERVICE}/Watch"
-CLAIM_METHOD = f"/{SERVICE}/Claim"
-#: Metadata key that carries the shared token.
-TOKEN_METADATA = "objq-token"
-#: Threads answering calls: each waits for its batch's commit, or holds one watch stream.
-DEFAULT_WORKER_THREADS = 256
-#: A watch stream says something at least this often, so both ends notice a dead peer.
-WATCH_KEEPALIVE_SECONDS = 10.0
-#: Largest request or response accepted (a batch of large payloads).
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.so_reuseport", 0),  # a port someone else holds is refused, never shared
-]
+#: Parked claims at once (each waits on a thread of its own).
+DEFAULT_MAX_PARKED = 128
+#: A watch lasts this long unless renewed; clients renew it three times as often.
+WATCH_LEASE_SECONDS = 30.0
+#: Most client ids a broker remembers the connection of (the oldest unused are forgotten).
+MAX_BOUND_CLIENTS = 100_000
+#: libzmq's heartbeats: a peer silent this long is dropped, so a dead client's pipe goes.
+HEARTBEAT_MS, HEARTBEAT_TIMEOUT_MS = 5_000, 30_000
+#: The ZAP endpoint libzmq asks who may connect to a CURVE server (fixed by libzmq).
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ZAP_DOMAIN = b"objq"
 
 
-def is_loopback(address: str) -> bool:
-    """Whether ``host:port`` listens on loopback only (no token needed there)."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
+def endpoint(address: str) -> tuple[str, bool]:
+    """The libzmq endpoint of ``host:port`` (port 0: any free port), and whether it is IPv6."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "*"):
+        return f"tcp://*:{port if port != '0' else '*'}", False
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def require_token(listen: str, token: str | None) -> None:
-    """Refuse to serve beyond loopback without a shared token."""
-    if not token and not is_loopback(listen):
-        raise ConfigurationError(
-            f"broker_listen {listen!r} is beyond loopback: a shared token is needed "
-            "(broker_token= or $OBJQ_BROKER_TOKEN), since anyone who can read the bucket can "
-            "read the broker's address"
-        )
+        info = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigurationError(f"objq broker: cannot resolve {host!r}: {exc}") from exc
+    family, *_, sockaddr = info[0]
+    ip = str(sockaddr[0])
+    ipv6 = family == socket.AF_INET6
+    shown = f"[{ip}]" if ipv6 else ip
+    return f"tcp://{shown}:{port if port != '0' else '*'}", ipv6
 
 
 class BrokerServer:
     """Serves ``committer`` (the broker's own engine) to clients on ``listen``.
 
-    ``hello``: who this broker is. ``tls``: paths of a PEM certificate and its key.
+    ``hello``: who this broker is. ``token``: the shared token (the link is CURVE then).
 
     >>> from objq_broker.engine import Engine
     >>> from objq_broker.storage import MemoryStore
@@ -108,41 +106,61 @@ class BrokerServer:
         listen: str,
         token: str | None = None,
         hello: wire.Hello | None = None,
-        tls: tuple[str, str] | None = None,
-        worker_threads: int = DEFAULT_WORKER_THREADS,
+        max_parked: int = DEFAULT_MAX_PARKED,
+        max_request_bytes: int = wire.MAX_REQUEST_BYTES,
     ) -> None:
         require_token(listen, token)
         self.committer = committer
         self.listen = listen
+        self.max_request_bytes = max_request_bytes
         self.hello = hello or wire.Hello("", "", None)
-        self._token = token.encode() if token else None
-        self._commits = 0
+        self.public_key = curve_keys(token).broker_public.decode() if token else None
         self._readied_seen: ReadyMark = NOT_READIED
-        self._changed = threading.Condition()
         self._stopping = False
+        self._outbox: collections.deque[list[bytes]] = collections.deque()
+        self._wake_r, self._wake_w = os.pipe()
+        self._woken = False  # a byte is in the pipe and the thread has not read it yet
+        self._lock = threading.Lock()
+        self._bound: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._watchers: dict[bytes, float] = {}  # routing id -> when its watch lapses
+        self._notify = False  # a commit readied jobs: the thread tells the watchers
         committer.on_commit(self._committed)
         #: Claims waiting for jobs, this process's own included.
-        self.park = ClaimPark(committer, max_parked=max(worker_threads // 2, 1))
-        self._threads = DaemonThreads(worker_threads, name="objq-broker")
-        # grpc's stubs ask for a ThreadPoolExecutor; gRPC itself only calls submit().
-        self._server = grpc.server(self._threads, options=GRPC_OPTIONS)  # type: ignore[arg-type]
-        handler = grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                "Apply": grpc.unary_unary_rpc_method_handler(self._apply),
-                "Hello": grpc.unary_unary_rpc_method_handler(self._hello),
-                "Watch": grpc.unary_stream_rpc_method_handler(self._watch),
-                "Claim": grpc.unary_unary_rpc_method_handler(self._claim),
-            },
-        )
-        self._server.add_generic_rpc_handlers((handler,))
+        self.park = ClaimPark(committer, max_parked=max_parked)
+        self._claimers = DaemonThreads(max_parked, name="objq-broker-claim")
+        self._context = zmq.Context()
+        self._router, self._zap = self._bind(listen, token)
+        self._thread: threading.Thread | None = None
+
+    def _bind(self, listen: str, token: str | None) -> tuple[zmq.Socket[bytes], Any]:
+        router: zmq.Socket[bytes] = self._context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.MAXMSGSIZE, self.max_request_bytes)
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a client that reconnects keeps its replies
+        router.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        router.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        zap = None
+        if token:
+            keys = curve_keys(token)
+            zap = self._context.socket(zmq.REP)
+            zap.bind(ZAP_ENDPOINT)
+            self._client_key = zmq.utils.z85.decode(keys.client_public)
+            router.setsockopt(zmq.CURVE_SERVER, 1)
+            router.setsockopt(zmq.CURVE_SECRETKEY, keys.broker_secret)
+            router.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+        where, ipv6 = endpoint(listen)
+        router.setsockopt(zmq.IPV6, int(ipv6))
         try:
-            if tls is None:
-                self.port = self._server.add_insecure_port(listen)
-            else:
-                self.port = self._server.add_secure_port(listen, _server_credentials(*tls))
-        except RuntimeError as exc:
+            router.bind(where)
+        except zmq.ZMQError as exc:
+            router.close(0)
+            if zap is not None:
+                zap.close(0)
+            self._context.term()
             raise ConfigurationError(f"objq broker: cannot listen on {listen!r}: {exc}") from exc
+        bound = router.getsockopt(zmq.LAST_ENDPOINT)
+        self.port = int(bytes(bound).decode().rsplit(":", 1)[1])
+        return router, zap
 
     @property
     def address(self) -> str:
@@ -150,112 +168,242 @@ class BrokerServer:
         return f"{self.listen.rsplit(':', 1)[0]}:{self.port}"
 
     def start(self) -> None:
-        self._server.start()
+        self._thread = threading.Thread(target=self._serve, name="objq-broker-io", daemon=True)
+        self._thread.start()
         log.info("objq broker serving %s on %s", self.committer, self.address)
 
     def stop(self, grace: float | None = 5.0, *, close_committer: bool = True) -> None:
-        """Stop taking calls, let those in progress finish (up to ``grace``), end the watch
-        streams, then (``close_committer``) commit what is pending and close the engine."""
-        with self._changed:
-            self._stopping = True
-            self._changed.notify_all()
+        """Stop taking requests; answer those in progress (up to ``grace``), then
+        (``close_committer``) commit what is pending and close the engine."""
+        end = time.monotonic() + (grace or 0.0)
         self.park.close()
-        self._server.stop(grace).wait()
-        self._threads.shutdown(wait=False)
+        self._claimers.shutdown(wait=False)
+        while len(self.park) and time.monotonic() < end:  # their last tries, committed
+            time.sleep(0.01)
         if close_committer:
-            self.committer.close()
+            self.committer.close(max(end - time.monotonic(), 0.1))
+        while self._outbox and time.monotonic() < end:  # answers of the last commits
+            time.sleep(0.01)
+        self._stopping = True
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(max(end - time.monotonic(), 1.0))
 
-    # --- the methods -----------------------------------------------------------------------
+    # --- the I/O thread ---------------------------------------------------------------------
 
-    def _apply(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        session = self._decoded(wire.decode_request, request, context)
-        return self._answer(lambda: self.committer.submit(session).result(), session, context)
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        if self._zap is not None:
+            poller.register(self._zap, zmq.POLLIN)
+        try:
+            while not self._stopping:
+                ready = dict(poller.poll(1000))
+                if self._zap is not None and self._zap in ready:
+                    self._admit()
+                if self._router in ready:
+                    self._take_requests()
+                if self._wake_r in ready:
+                    with self._lock:
+                        os.read(self._wake_r, 4096)
+                        self._woken = False
+                self._send_outbox()
+                if self._notify:
+                    self._notify = False
+                    self._tell_watchers()
+        except Exception:  # a bug: the clients see the broker gone and take over
+            log.exception("objq broker: the I/O thread failed")
+        finally:
+            self._close_sockets()
 
-    def _claim(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        asked = self._decoded(wire.decode_claim, request, context)
-        return self._answer(
-            lambda: self.park.claim(asked.session, asked.wait_seconds), asked.session, context
+    def _take_requests(self) -> None:
+        for _ in range(1000):  # then answer what is ready before reading on
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._request(frames)
+            except Exception:  # one bad request never stops the others
+                log.exception("objq broker: a request failed unexpectedly")
+
+    def _request(self, frames: list[bytes]) -> None:
+        if len(frames) != 5 or frames[1] != wire.PROTOCOL:
+            return self._refuse_protocol(frames)
+        peer, _, kind, rid, body = frames
+        if kind == wire.APPLY:
+            self._apply(peer, rid, body)
+        elif kind == wire.CLAIM:
+            self._claim(peer, rid, body)
+        elif kind == wire.HELLO:
+            self._reply(peer, wire.HELLO, rid, wire.encode_hello(self.hello))
+        elif kind == wire.WATCH:
+            self._watchers[peer] = time.monotonic() + WATCH_LEASE_SECONDS
+            self._reply(peer, wire.DONE, rid, b"[]")
+        else:
+            self._refuse(peer, rid, ConfigurationError(f"broker: unknown request {kind!r}"))
+        return None
+
+    def _refuse_protocol(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            return
+        spoken = frames[1][:40].decode("utf-8", "replace")
+        rid = frames[3] if len(frames) > 3 else b""
+        self._refuse(
+            frames[0],
+            rid,
+            ConfigurationError(
+                f"objq broker speaks {wire.PROTOCOL.decode()}, the client {spoken!r}: "
+                "upgrade the older side"
+            ),
         )
 
-    def _decoded(
-        self, decode: Callable[[bytes], T], request: bytes, context: grpc.ServicerContext
-    ) -> T:
-        """``request`` decoded, once the caller is authorized; the call aborted otherwise."""
-        self._authorize(context)
+    def _apply(self, peer: bytes, rid: bytes, body: bytes) -> None:
         try:
-            return decode(request)
+            session = wire.decode_request(body)
         except ConfigurationError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            raise  # abort() raises; this line is for the type checker
+            return self._refuse(peer, rid, exc)
+        if self._owned(peer, rid, session):
+            self._commit(peer, rid, session)
+        return None
 
-    def _answer(
-        self, commit: Callable[[], Outcomes], session: Session, context: grpc.ServicerContext
-    ) -> bytes:
-        """The encoded outcomes of ``commit`` (of ``session``), or the call aborted with why."""
+    def _commit(self, peer: bytes, rid: bytes, session: Session) -> None:
         try:
-            outcomes = commit()
+            future = self.committer.submit(session)
+        except ObjqError as exc:  # closed meanwhile
+            return self._refuse(peer, rid, exc)
+        future.add_done_callback(lambda done: self._answered(peer, rid, session, done.result))
+        return None
+
+    def _claim(self, peer: bytes, rid: bytes, body: bytes) -> None:
+        try:
+            asked = wire.decode_claim(body)
+        except ConfigurationError as exc:
+            return self._refuse(peer, rid, exc)
+        if not self._owned(peer, rid, asked.session):
+            return None
+        if len(self.park) >= self.park.max_parked:  # no room to wait: answered at once
+            return self._commit(peer, rid, asked.session)
+        try:
+            self._claimers.submit(
+                self._answered,
+                peer,
+                rid,
+                asked.session,
+                lambda: self.park.claim(asked.session, asked.wait_seconds),
+            )
+        except RuntimeError as exc:  # stopping
+            self._refuse(peer, rid, ObjqError(f"broker stopping: {exc}"))
+        return None
+
+    def _owned(self, peer: bytes, rid: bytes, session: Session) -> bool:
+        """Whether ``session``'s client id is this connection's (it is, once it first used
+        it); refused if not."""
+        owner = session.client.split(".", 1)[0]
+        bound = self._bound.get(owner)
+        if bound is None:
+            self._bound[owner] = peer
+            if len(self._bound) > MAX_BOUND_CLIENTS:
+                self._bound.popitem(last=False)
+        elif bound != peer:
+            self._refuse(
+                peer,
+                rid,
+                AccessDenied(
+                    f"broker: client id {owner!r} belongs to another connection; each "
+                    "process uses its own"
+                ),
+            )
+            return False
+        else:
+            self._bound.move_to_end(owner)
+        return True
+
+    def _answered(
+        self, peer: bytes, rid: bytes, session: Session, outcome: Callable[[], Outcomes]
+    ) -> None:
+        """Queue the answer to ``session`` (on the committing thread, or a claim's)."""
+        try:
+            outcomes = outcome()
         except WriterFenced as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"objq broker fenced: {exc}")
+            return self._refuse(peer, rid, WriterFenced(f"objq broker fenced: {exc}"))
         except ObjqError as exc:  # the whole batch failed (storage, closed): each op says so
             outcomes = [(False, exc)] * len(session.ops)
         except Exception as exc:  # a bug: the client sees it as an error, the log keeps it
             log.exception("session failed unexpectedly")
             error = ObjqError(f"broker error: {type(exc).__name__}: {exc}")
             outcomes = [(False, error)] * len(session.ops)
-        return wire.encode_outcomes(outcomes)
+        self._reply(peer, wire.DONE, rid, wire.encode_outcomes(outcomes))
+        return None
 
-    def _hello(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        self._authorize(context)
-        return wire.encode_hello(self.hello)
+    def _refuse(self, peer: bytes, rid: bytes, error: ObjqError) -> None:
+        self._reply(peer, wire.REFUSED, rid, wire.encode(wire.outcome_of(error=error)))
 
-    def _watch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-        self._authorize(context)
-        seen = self._commits
-        while context.is_active():
-            with self._changed:
-                if self._commits == seen and not self._stopping:
-                    self._changed.wait(WATCH_KEEPALIVE_SECONDS)  # a commit, a stop or a beat
-                if self._stopping:
-                    return
-                seen = self._commits
-            yield b"."
+    def _reply(self, peer: bytes, kind: bytes, rid: bytes, body: bytes) -> None:
+        self._outbox.append([peer, wire.PROTOCOL, kind, rid, body])
+        if threading.current_thread() is not self._thread:
+            self._wake()
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self._woken:
+                return
+            self._woken = True
+        os.write(self._wake_w, b"!")
+
+    def _send_outbox(self) -> None:
+        outbox = self._outbox
+        while outbox:
+            frames = outbox.popleft()
+            try:
+                self._router.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:  # that client reads nothing: its answers are dropped
+                log.debug("objq broker: a client's queue is full; answer dropped")
+
+    def _tell_watchers(self) -> None:
+        now = time.monotonic()
+        for peer, until in list(self._watchers.items()):
+            if until < now:
+                del self._watchers[peer]
+                continue
+            with contextlib.suppress(zmq.Again):  # that client reads nothing: no notice either
+                self._router.send_multipart(
+                    [peer, wire.PROTOCOL, wire.NOTICE, wire.request_id(0), b""], zmq.NOBLOCK
+                )
 
     def _committed(self) -> None:
-        # Only a commit that made a job claimable wakes the waiting claimers: after an ack or
-        # a claim that found nothing, each of them would look and find nothing (and wake the
-        # others' claims again with their own commits).
+        # Only a commit that made a job claimable wakes the watchers: after an ack or a claim
+        # that found nothing, each would look and find nothing (and wake the others again).
         readied = self.committer.readied
-        with self._changed:
-            if readied == self._readied_seen:
-                return
-            self._readied_seen = readied
-            self._commits += 1
-            self._changed.notify_all()
-
-    def _authorize(self, context: grpc.ServicerContext) -> None:
-        if self._token is None:
+        if readied == self._readied_seen:
             return
-        given = dict(context.invocation_metadata()).get(TOKEN_METADATA)
-        presented = given.encode() if isinstance(given, str) else (given or b"")
-        if not hmac.compare_digest(presented, self._token):
-            context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "objq broker: missing or wrong token (set the same OBJQ_BROKER_TOKEN on the "
-                "broker and its clients)",
-            )
+        self._readied_seen = readied
+        self._notify = True
+        self._wake()
+
+    def _admit(self) -> None:
+        """Answer libzmq's question whether a client may connect: only with the clients' key."""
+        request = self._zap.recv_multipart()
+        version, rid, _domain, _address, _identity, mechanism, *credentials = request
+        ok = mechanism == b"CURVE" and credentials[:1] == [self._client_key]
+        status = (b"200", b"OK") if ok else (b"400", b"wrong token")
+        self._zap.send_multipart([version, rid, *status, b"", b""])
+
+    def _close_sockets(self) -> None:
+        self._router.close(0)
+        if self._zap is not None:
+            self._zap.close(0)
+        self._context.term()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
 
 class DaemonThreads(Executor):
-    """The threads that answer calls: up to ``max_threads``, started as needed, reused, and
-    daemon threads, so that serving never keeps the process from exiting.
-
-    A ``ThreadPoolExecutor``'s threads are joined when the interpreter exits, and a Watch call
-    lasts as long as its client stays connected. A process that became the broker and then
-    exits without closing its queue (a script or web process sending Celery tasks never closes
-    kombu's connections) would wait for its clients forever; the executor, shut down at exit,
-    also refuses every new call, which ends gRPC's serving thread, so nobody is answered either.
-    With these threads it exits at once, like a killed broker: the next process takes over.
-    """
+    """Threads for parked claims: up to ``max_threads``, started as needed, reused, and
+    daemon threads, so that a claim waiting at the broker never keeps the process from
+    exiting (a script that became the broker and exits without closing its queue must exit
+    at once, like a killed broker: the next process takes over)."""
 
     def __init__(self, max_threads: int, *, name: str) -> None:
         self.max_threads = max_threads
@@ -288,8 +436,7 @@ class DaemonThreads(Executor):
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Let each thread end after the calls already taken (``wait`` and ``cancel_futures``
-        are not supported: gRPC ends its calls itself before this is called)."""
+        """Let each thread end after the calls already taken."""
         with self._lock:
             self._shut = True
             for _ in range(self._started):
@@ -299,11 +446,3 @@ class DaemonThreads(Executor):
         while (call := self._calls.get()) is not None:
             call()
             self._idle.release()
-
-
-def _server_credentials(cert: str, key: str) -> grpc.ServerCredentials:
-    try:
-        pair = (Path(key).read_bytes(), Path(cert).read_bytes())
-    except OSError as exc:
-        raise ConfigurationError(f"objq broker: cannot read TLS certificate or key: {exc}") from exc
-    return grpc.ssl_server_credentials([pair])

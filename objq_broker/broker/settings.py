@@ -15,13 +15,13 @@ so workers started by Dramatiq or Celery switch modes without code changes. When
 a mode, the caller's default applies (``auto`` for a queue, ``client`` for a one-shot command,
 which should not become the broker only to resign a moment later), and the settings say it was
 not chosen: a queue on a store no other process can see then simply commits directly. This
-module does not import grpcio; the broker's own modules do.
+module does not import pyzmq; the broker's own modules do.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from objq_broker.errors import ConfigurationError
@@ -38,12 +38,11 @@ _ENV = {
     "broker_advertise": "OBJQ_BROKER_ADVERTISE",
     "broker_token": "OBJQ_BROKER_TOKEN",
     "broker_takeover_seconds": "OBJQ_BROKER_TAKEOVER_SECONDS",
-    "broker_tls_cert": "OBJQ_BROKER_TLS_CERT",
-    "broker_tls_key": "OBJQ_BROKER_TLS_KEY",
-    "broker_tls_ca": "OBJQ_BROKER_TLS_CA",
 }
+#: Options of earlier versions: a token now encrypts and authenticates the link (CURVE).
+_RETIRED = ("broker_tls_cert", "broker_tls_key", "broker_tls_ca")
 #: The options this module takes out of ``Queue(**options)``.
-BROKER_OPTIONS = frozenset(_ENV)
+BROKER_OPTIONS = frozenset(_ENV) | frozenset(_RETIRED)
 
 
 @dataclass(frozen=True)
@@ -56,16 +55,10 @@ class BrokerSettings:
     listen: str = DEFAULT_LISTEN
     #: The address written in the state for others to reach (default: the bound address).
     advertise: str | None = None
-    token: str | None = None
+    #: The shared token: required beyond loopback; with it the link is encrypted and only
+    #: processes holding it are let in (:mod:`objq_broker.broker.keys`). Never shown.
+    token: str | None = field(default=None, repr=False)
     takeover_seconds: float = DEFAULT_TAKEOVER_SECONDS
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    #: A CA file to trust for the broker's certificate; "system" for the system's roots.
-    tls_ca: str | None = None
-
-    @property
-    def tls(self) -> tuple[str, str] | None:
-        return (self.tls_cert, self.tls_key) if self.tls_cert and self.tls_key else None
 
 
 def broker_settings(
@@ -75,6 +68,12 @@ def broker_settings(
     ``options``. ``default`` applies when neither ``broker`` nor ``OBJQ_BROKER`` names a mode.
     Raises :class:`ConfigurationError` naming what was expected."""
     given = {key: options.pop(key) for key in list(options) if key in BROKER_OPTIONS}
+    retired = [key for key in _RETIRED if given.get(key) or os.environ.get(f"OBJQ_{key.upper()}")]
+    if retired:
+        raise ConfigurationError(
+            f"broker: {', '.join(retired)} no longer exist; the link is secured by the shared "
+            "token alone (broker_token= or $OBJQ_BROKER_TOKEN encrypts and authenticates it)"
+        )
     values: dict[str, Any] = {}
     for key, env in _ENV.items():
         value = given.get(key, os.environ.get(env) or None)
@@ -95,10 +94,6 @@ def broker_settings(
     if "takeover_seconds" in values:
         values["takeover_seconds"] = positive_seconds(
             values["takeover_seconds"], "broker_takeover_seconds", where="broker"
-        )
-    if bool(values.get("tls_cert")) != bool(values.get("tls_key")):
-        raise ConfigurationError(
-            "broker: TLS needs both broker_tls_cert and broker_tls_key; found only one"
         )
     for key in ("listen", "advertise"):
         if key in values and not _is_address(str(values[key])):

@@ -1,4 +1,14 @@
-"""What a broker client and a broker say to each other: operations and their outcomes as JSON.
+"""What a broker client and a broker say to each other: the frames, and the operations and
+their outcomes as JSON inside them.
+
+Every message, either way, is four frames (libzmq multipart): :data:`PROTOCOL`, a kind, a
+request id of 8 bytes that the answer repeats, and a JSON body. A client sends ``hello``
+(:class:`ClientHello`), ``apply`` (a :class:`~objq_broker.model.ops.Session`), ``claim`` (a
+:class:`WaitingClaim`) or ``watch`` (empty); the broker answers ``hello`` (:class:`Hello`),
+``done`` (a list of :data:`Outcome`, one per operation) or ``refused`` (one :class:`Refused`
+for the whole request: malformed, too large, fenced, another protocol), and sends ``notice``
+(empty) to its watchers after each commit that made jobs claimable. ``docs/protocol.md``
+publishes the frames with the JSON Schema of every body (:func:`schema`).
 
 A request is a :class:`~objq_broker.model.ops.Session`: the client's id, the request's number,
 and its operations (:mod:`objq_broker.model.ops`, tagged msgspec structs); the broker decodes
@@ -21,6 +31,16 @@ from objq_broker.model import ops
 from objq_broker.model.checks import UNDECODABLE
 
 T = TypeVar("T")
+
+#: The first frame of every message: the protocol and its version. A broker answers a client of
+#: another version with one ``refused`` frame that names both.
+PROTOCOL = b"objq/1"
+#: What a client asks.
+HELLO, APPLY, CLAIM, WATCH = b"hello", b"apply", b"claim", b"watch"
+#: What a broker answers.
+DONE, REFUSED, NOTICE = b"done", b"refused", b"notice"
+#: Largest request a broker takes unless told otherwise; its hello says what it takes.
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
 _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(ops.Session)
 
@@ -98,16 +118,33 @@ def encode_outcomes(outcomes: ops.Outcomes) -> bytes:
     )
 
 
+class ClientHello(msgspec.Struct, frozen=True):
+    """A client's greeting: the protocol version it speaks."""
+
+    protocol: int
+
+
 class Hello(msgspec.Struct, frozen=True):
-    """What a broker says about itself: which broker of which namespace, at which epoch."""
+    """What a broker says about itself: which broker of which namespace, at which epoch, the
+    protocol version it speaks and the largest request it takes."""
 
     broker: str
     namespace: str
     epoch: int | None
+    protocol: int = 1
+    max_request_bytes: int = MAX_REQUEST_BYTES
+
+
+def encode(value: object) -> bytes:
+    return _encoder.encode(value)
 
 
 def encode_hello(hello: Hello) -> bytes:
     return _encoder.encode(hello)
+
+
+def request_id(number: int) -> bytes:
+    return number.to_bytes(8, "big")
 
 
 def decode_hello(data: bytes) -> Hello:
@@ -144,6 +181,14 @@ def decode_response(data: bytes, batch: Sequence[ops.Op[Any]]) -> list[tuple[boo
     return decoded
 
 
+def decode_refused(data: bytes) -> errors.ObjqError:
+    """The exception a ``refused`` frame stands for."""
+    try:
+        return error_of(msgspec.json.decode(data, type=Refused))
+    except UNDECODABLE as exc:
+        return errors.BrokerUnreachable(f"broker refusal unreadable: {exc}")
+
+
 def error_of(refused: Refused) -> errors.ObjqError:
     """The exception a refusal stands for: the same class when it is one of objq's."""
     kind = getattr(errors, refused.error, None)
@@ -161,3 +206,23 @@ def result_type(op_type: type[ops.Op[Any]]) -> Any:
                 if not isinstance(argument, typing.TypeVar):
                     return argument
     raise TypeError(f"{op_type.__name__} does not declare its result type")
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of every body, by kind (what ``docs/protocol.md`` publishes)."""
+    kinds = {
+        "hello (client)": ClientHello,
+        "apply": ops.Session,
+        "claim": WaitingClaim,
+        "hello (broker)": Hello,
+        "done": list[Outcome],
+        "refused": Refused,
+    }
+    schemas, refs = msgspec.json.schema_components(
+        list(kinds.values()), ref_template="#/$defs/{name}"
+    )
+    return {
+        "protocol": PROTOCOL.decode(),
+        "bodies": dict(zip(kinds, schemas, strict=True)),
+        "$defs": refs,
+    }

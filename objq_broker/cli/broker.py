@@ -29,9 +29,7 @@ def cmd_broker(ctx: Context) -> int:
         from objq_broker.broker.elected import ElectedCommitter
         from objq_broker.broker.settings import broker_settings
     except ModuleNotFoundError as exc:
-        raise ConfigurationError(
-            f"objq broker needs grpcio ({exc}): pip install 'objq-broker[broker]'"
-        ) from exc
+        raise ConfigurationError(f"objq broker needs pyzmq ({exc}): pip install pyzmq") from exc
     logging.basicConfig(format="objq broker: %(message)s", level=logging.INFO)
     ctx.snapshot(create=True)  # a missing bucket or a corrupt state fails here, in one line
     options = {"broker_listen": ctx.args.listen, "broker_advertise": ctx.args.advertise}

@@ -72,7 +72,7 @@ def _broker_dict(snap: Snapshot) -> dict[str, Any] | None:
         "address": record.address,
         "epoch": record.epoch,
         "since": record.since,
-        "tls": record.tls,
+        "secured": record.secured,
         "active_clients": snap.broker_clients(ACTIVE_CLIENT_SECONDS),
     }
 

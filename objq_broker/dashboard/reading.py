@@ -82,7 +82,7 @@ class Overview:
                 "address": self.broker.record.address,
                 "epoch": self.broker.record.epoch,
                 "since": self.broker.record.since,
-                "tls": self.broker.record.tls,
+                "secured": self.broker.record.secured,
                 "active_clients": self.broker.active_clients,
             },
             "queues": [msgspec.to_builtins(q) for q in self.queues],

@@ -150,7 +150,16 @@ class BrokerRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     address: str
     epoch: int
     since: float
-    tls: bool = False
+    #: The broker's public CURVE key (Z85) when its link is secured by a token; a client
+    #: checks its own token against it before connecting.
+    key: str | None = None
+    #: Which host's loopback the broker is on (:func:`objq_broker.broker.routing.host_id`):
+    #: a broker listening on loopback serves only processes of that host.
+    host: str = ""
+
+    @property
+    def secured(self) -> bool:
+        return self.key is not None
 
 
 class SessionMark(msgspec.Struct, array_like=True):

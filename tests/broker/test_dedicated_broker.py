@@ -23,8 +23,6 @@ from objq_broker.errors import AccessDenied, StorageUnavailable
 from objq_broker.storage import open_store
 from tests.support.processes import Children
 
-pytest.importorskip("grpc")
-
 
 def start_broker(
     children: Children, url: str, *, token: str | None = None, listen: str = "127.0.0.1:0"

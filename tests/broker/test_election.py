@@ -26,7 +26,6 @@ from tests.broker.actor import TAKEOVER_SECONDS
 from tests.support.processes import Children
 from tests.support.waiting import wait_for
 
-pytest.importorskip("grpc")
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -50,7 +50,6 @@ from objq_broker.storage import ObjectStore, open_store
 from tests.support.processes import Children
 from tests.support.waiting import wait_for
 
-pytest.importorskip("grpc")
 pytestmark = pytest.mark.slow
 
 T = TypeVar("T")

@@ -9,12 +9,8 @@ import threading
 import time
 from typing import Any
 
-import pytest
-
 from objq_broker import Queue
 from objq_broker.storage import MemoryStore
-
-pytest.importorskip("grpc")
 
 IDLE_SECONDS = 3.0
 CONSUMERS = 6

@@ -35,7 +35,6 @@ from tests.support.waiting import wait_for
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-pytest.importorskip("grpc")
 
 DRAMATIQ_WORKERS = 4
 CELERY_WORKERS = 4

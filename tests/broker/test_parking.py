@@ -1,6 +1,7 @@
 """Claims wait at the broker: one new job wakes one parked claimer, delayed jobs and expired
 leases wake them when due, nobody polls while they wait, and a claim sent again after a lost
-answer is answered, never applied twice. Real engines; real gRPC between queues of one store."""
+answer is answered, never applied twice. Real engines; real libzmq links between queues of one
+store."""
 
 from __future__ import annotations
 
@@ -8,18 +9,16 @@ import dataclasses
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import grpc
 import pytest
+import zmq
 
 from objq_broker import Queue, ops
 from objq_broker.broker import wire
-from objq_broker.broker.client import BrokerLink
 from objq_broker.broker.elected import ElectedCommitter
 from objq_broker.broker.parking import LANE_STRIDE, ClaimPark
-from objq_broker.broker.server import SERVICE
+from objq_broker.broker.server import BrokerServer
 from objq_broker.engine import Engine
 from objq_broker.errors import ConfigurationError
 from objq_broker.model.ops import Session
@@ -247,20 +246,24 @@ def test_a_waiting_claim_must_hold_one_claim() -> None:
         wire.decode_claim(b'{"session": {"client": "c", "seq": 1, "ops": []}, "wait_seconds": -1}')
 
 
-def test_a_broker_without_waiting_claims_is_told_apart_from_a_dead_one() -> None:
-    server = grpc.server(ThreadPoolExecutor(2))
-    handler = grpc.method_handlers_generic_handler(
-        SERVICE, {"Hello": grpc.unary_unary_rpc_method_handler(lambda request, context: b"{}")}
-    )
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
+def test_a_client_of_another_protocol_version_is_refused_with_both_versions_named() -> None:
+    server = BrokerServer(Engine(MemoryStore()), listen="127.0.0.1:0")
     server.start()
-    link = BrokerLink(f"127.0.0.1:{port}")
+    context = zmq.Context()
+    peer = context.socket(zmq.DEALER)
     try:
-        assert link.claim(claim_session("lane-1"), 1.0, 5.0) is None
+        peer.connect(f"tcp://127.0.0.1:{server.port}")
+        peer.send_multipart([b"objq/2", wire.HELLO, wire.request_id(7), b"{}"])
+        assert peer.poll(5000), "the broker must answer, never drop the client silently"
+        protocol, kind, rid, body = peer.recv_multipart()
+        assert (protocol, kind, rid) == (wire.PROTOCOL, wire.REFUSED, wire.request_id(7))
+        error = wire.decode_refused(body)
+        assert isinstance(error, ConfigurationError)
+        assert "objq/1" in str(error) and "objq/2" in str(error)
     finally:
-        link.close()
-        server.stop(0)
+        peer.close(0)
+        context.term()
+        server.stop()
 
 
 def test_with_no_broker_to_wait_at_a_waiting_claim_claims_nothing() -> None:
