@@ -213,11 +213,13 @@ class BrokerLink:
         return call.answer
 
     def _wake(self) -> None:
+        # Under the lock: the I/O thread closes the pipe under it when it ends. One byte at
+        # most is ever in the pipe, so the write never blocks.
         with self._lock:
             if self._woken or self._wake_w < 0:
                 return
             self._woken = True
-        os.write(self._wake_w, b"!")
+            os.write(self._wake_w, b"!")
 
     # --- the I/O thread -----------------------------------------------------------------------
 

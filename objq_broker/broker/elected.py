@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import itertools
 import logging
+import os
 import threading
 import time
 import uuid
@@ -40,6 +42,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from objq_broker.broker import wire
 from objq_broker.broker.client import BrokerLink
 from objq_broker.broker.keys import require_token
 from objq_broker.broker.parking import LANE_STRIDE
@@ -71,6 +74,9 @@ log = logging.getLogger("objq_broker.broker")
 
 #: Most operations one session carries.
 MAX_SESSION_OPS = 5000
+#: Most payload bytes one session carries (encoded, a third more): well under what a broker
+#: takes in one request (:data:`~objq_broker.broker.wire.MAX_REQUEST_BYTES`).
+MAX_SESSION_PAYLOAD_BYTES = wire.MAX_REQUEST_BYTES // 4
 #: Longest wait for a session to fill (see ``ElectedCommitter._linger``).
 SESSION_LINGER_MAX_SECONDS = 0.005
 
@@ -98,6 +104,11 @@ class ElectedCommitter(BrokerRouting):
             commit_deadline_seconds=commit_deadline_seconds,
             engine_options=engine_options,
         )
+        self._start_sessions()
+
+    def _start_sessions(self) -> None:
+        """This client's sessions start over: a new id (never one another process used, a
+        forked child's parent included), nothing pending, no sender yet."""
         self._sent = EngineMetrics()  # sessions and operations this client sent
         self.client_id = uuid.uuid4().hex
         self._pending: deque[tuple[Op[Any], Future[Any]]] = deque()
@@ -114,6 +125,19 @@ class ElectedCommitter(BrokerRouting):
 
     def __repr__(self) -> str:
         return f"ElectedCommitter({self.store.url!r}, {self.role})"
+
+    def _forked(self) -> None:
+        """In a child forked from the process that opened this committer: none of the
+        parent's threads, sockets, engines or locks is the child's, and its broker is the
+        parent's (or another's). The child starts over as a new client of that broker, and
+        never serves (a pool child leaves with ``os._exit``, never handing the role over)."""
+        if self._closed:  # nothing to start over; a lock held at the fork must not bite
+            self._cv = threading.Condition()
+            return
+        if self.settings.mode == "auto":
+            self.settings = dataclasses.replace(self.settings, mode="client")
+        self._start_routes()
+        self._start_sessions()
 
     @property
     def metrics(self) -> EngineMetrics:
@@ -271,8 +295,8 @@ class ElectedCommitter(BrokerRouting):
                 if not self._pending:
                     return
                 self._linger()
-                count = min(len(self._pending), MAX_SESSION_OPS)
-                batch = [self._pending.popleft() for _ in range(count)]
+                batch = self._take_session()
+                count = len(batch)
                 self._in_flight = self._expected = self._callers = count
             live = [(op, future) for op, future in batch if future.set_running_or_notify_cancel()]
             if not live:
@@ -298,6 +322,19 @@ class ElectedCommitter(BrokerRouting):
                     else:
                         future.set_exception(value)
             self._notify()
+
+    def _take_session(self) -> list[tuple[Op[Any], Future[Any]]]:
+        """The next session's operations (holding ``_cv``): up to :data:`MAX_SESSION_OPS`
+        and :data:`MAX_SESSION_PAYLOAD_BYTES` of payload, but at least one. An operation
+        larger than a broker takes thus travels alone, and is refused alone."""
+        batch = [self._pending.popleft()]
+        size = batch[0][0].size
+        while self._pending and len(batch) < MAX_SESSION_OPS:
+            size += self._pending[0][0].size
+            if size > MAX_SESSION_PAYLOAD_BYTES:
+                break
+            batch.append(self._pending.popleft())
+        return batch
 
     def _count_job_events(
         self, live: list[tuple[Op[Any], Future[Any]]], outcomes: Outcomes
@@ -371,6 +408,14 @@ def _close_at_exit() -> None:
     for committer in list(_open_at_exit):
         with contextlib.suppress(Exception):  # exiting anyway: never raise from here
             committer.close(AT_EXIT_CLOSE_SECONDS)
+
+
+def _after_fork_in_child() -> None:
+    for committer in list(_open_at_exit):
+        committer._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _check_serving(settings: BrokerSettings) -> None:

@@ -73,11 +73,16 @@ class BrokerRouting:
         self.store = store
         self.settings = settings
         self.commit_deadline_seconds = commit_deadline_seconds
-        self.bodies = BodyCache(store)
         self._engine_options = dict(engine_options or {})
         self._engine_options["commit_deadline_seconds"] = commit_deadline_seconds
-        self._closing = False
         self._listeners: list[Callable[[], None]] = []
+        self._start_routes()
+
+    def _start_routes(self) -> None:
+        """No route yet: nothing led, followed or committed directly (also in a forked child,
+        whose parent's engines, server and link are left as they are, unused)."""
+        self._closing = False
+        self.bodies = BodyCache(self.store)
         self._retired: list[Engine] = []  # engines this process led with before
         self._leader: Engine | None = None
         self._server: BrokerServer | None = None

@@ -346,11 +346,13 @@ class BrokerServer:
             self._wake()
 
     def _wake(self) -> None:
+        # Under the lock: the I/O thread closes the pipe under it when it ends. One byte at
+        # most is ever in the pipe, so the write never blocks.
         with self._lock:
-            if self._woken:
+            if self._woken or self._wake_w < 0:
                 return
             self._woken = True
-        os.write(self._wake_w, b"!")
+            os.write(self._wake_w, b"!")
 
     def _send_outbox(self) -> None:
         outbox = self._outbox
@@ -395,8 +397,10 @@ class BrokerServer:
         if self._zap is not None:
             self._zap.close(0)
         self._context.term()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        with self._lock:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_w = -1
 
 
 class DaemonThreads(Executor):

@@ -72,15 +72,14 @@ _IMPORTED_IN = os.getpid()
 
 
 def _broker_settings() -> BrokerSettings:
-    """Where the transport's queues commit: directly unless ``OBJQ_BROKER`` names a mode.
+    """Where the transport's queues commit: through the namespace's broker, as every queue's,
+    unless ``OBJQ_BROKER`` says otherwise.
 
-    Celery's prefork pool forks its children from the worker's main process, which as a broker
-    or a broker's client holds gRPC channels, threads and maybe a server; gRPC does not survive
-    ``fork()`` (a child using it can abort or hang), and a pool child that became the broker
-    would leave with ``os._exit``, never handing the role over. So the transport does not join
-    an election unless asked, and a forked child that was asked joins as a client, never
-    serving."""
-    settings = broker_settings(None, {}, default="off")
+    Celery's prefork pool forks its children from the worker's main process; a pool child
+    leaves with ``os._exit``, so as the broker it would never hand the role over. A forked
+    child's queues therefore join as clients, never serving (the broker's links are made anew
+    in a child: :mod:`objq_broker.broker.client`)."""
+    settings = broker_settings(None, {})
     if settings.mode == "auto" and os.getpid() != _IMPORTED_IN:
         return dataclasses.replace(settings, mode="client")
     return settings

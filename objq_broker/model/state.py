@@ -23,6 +23,8 @@ The values they take and give (:class:`~objq_broker.model.values.NewJob`, ...) a
 
 from __future__ import annotations
 
+import hashlib
+
 from objq_broker.errors import JobNotFound
 from objq_broker.model.leases import LeasesState
 from objq_broker.model.records import Job, JobState, QueueConfig, SessionMark
@@ -166,7 +168,7 @@ class QueueState(LeasesState):
 
     def session_applied(self, client: str, seq: int) -> bool:
         """Whether request ``seq`` of broker client ``client`` has already changed the state."""
-        mark = self.doc.sessions.get(client)
+        mark = self.doc.sessions.get(session_key(client))
         return mark is not None and seq <= mark.seq
 
     def mark_session(self, client: str, seq: int, now: float, ttl: float) -> None:
@@ -175,7 +177,7 @@ class QueueState(LeasesState):
         sessions = self.doc.sessions
         for old in [c for c, mark in sessions.items() if mark.at < now - ttl]:
             del sessions[old]
-        sessions[client] = SessionMark(seq, now)
+        sessions[session_key(client)] = SessionMark(seq, now)
         self.dirty = True
 
     def enqueued(self, items: list[NewJob], now: float) -> list[Job]:
@@ -216,3 +218,11 @@ class QueueState(LeasesState):
         times = [heap[0][0] for heap in self._timed.values() if heap]
         times += [r.next[0] for refs in self.doc.runs.values() for r in refs if r.kind == "timed"]
         return min(times) if times else None
+
+
+def session_key(client: str) -> str:
+    """Where the state keeps the mark of broker client ``client``: a hash of its id, never the
+    id itself. The state is readable by anyone with the bucket (and the dashboard shows the
+    marks): whoever could read a client's id could send sessions under it, and a session
+    numbered past the client's next would make the broker answer that one as a replay."""
+    return hashlib.blake2b(client.encode(), digest_size=12).hexdigest()

@@ -1,0 +1,85 @@
+"""What a peer can make a broker hold: an over-size operation is refused at once and alone,
+saying the limit; hundreds of idle followers (connections that watch, claims that wait) leave
+a new client answered at once. Real broker, real libzmq peers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from objq_broker import Queue, ops
+from objq_broker.broker import wire
+from objq_broker.broker.elected import ElectedCommitter
+from objq_broker.errors import RequestTooLarge
+from objq_broker.model.ops import Session
+
+IDLE_FOLLOWERS = 500
+WAITING_CLAIMS = 300
+
+
+def address_of(queue: Queue) -> str:
+    committer = queue.committer
+    assert isinstance(committer, ElectedCommitter) and committer.record is not None
+    return committer.record.address
+
+
+def test_an_over_size_operation_is_refused_at_once_and_alone(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/ns"
+    with Queue(url, broker="auto") as leader, Queue(url, broker="client") as client:
+        leader.declare("q")
+        client.enqueue("q", b"joined")
+        small_sent: list[str] = []
+
+        def small() -> None:
+            for n in range(50):
+                client.enqueue("q", f"small {n}".encode())
+                small_sent.append(str(n))
+
+        others = threading.Thread(target=small)
+        others.start()
+        started = time.monotonic()
+        with pytest.raises(RequestTooLarge, match=r"over the 67,108,864 bytes the broker takes"):
+            client.enqueue("q", b"x" * (70 * 1024 * 1024))
+        assert time.monotonic() - started < 10, "said at once, not after the commit deadline"
+        others.join()
+        assert len(small_sent) == 50
+        assert leader.stats("q").ready == 51
+
+
+def test_hundreds_of_idle_followers_leave_a_new_client_answered_at_once(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/ns"
+    with Queue(url, broker="auto") as leader:
+        leader.declare("q")
+        address = address_of(leader)
+        context = zmq.Context()
+        peers = []
+        try:
+            # Given 500 followers' connections, each watching, and 300 claims waiting for jobs
+            for n in range(IDLE_FOLLOWERS):
+                peer = context.socket(zmq.DEALER)
+                peer.setsockopt(zmq.LINGER, 0)
+                peer.connect(f"tcp://{address}")
+                peer.send_multipart([wire.PROTOCOL, wire.WATCH, wire.request_id(0), b""])
+                if n < WAITING_CLAIMS:
+                    claim = Session(f"idle{n}", 1, [ops.claim(["q"], 1, owner=f"idle{n}")])
+                    body = wire.encode_claim(claim, 30.0)
+                    peer.send_multipart([wire.PROTOCOL, wire.CLAIM, wire.request_id(1), body])
+                peers.append(peer)
+            time.sleep(1.0)  # let the broker take them all
+
+            # When a new client calls
+            started = time.monotonic()
+            with Queue(url, broker="client") as newcomer:
+                newcomer.enqueue("q", b"new")
+                took = time.monotonic() - started
+            # Then it is answered at once (a generous bound: a blocked broker takes seconds)
+            assert took < 2.0, took
+            assert leader.stats("q").ready + leader.stats("q").in_flight == 1
+        finally:
+            for peer in peers:
+                peer.close(0)
+            context.term()
