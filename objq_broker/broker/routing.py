@@ -22,6 +22,7 @@ from typing import Any
 
 from objq_broker.broker import wire
 from objq_broker.broker.client import BrokerLink
+from objq_broker.broker.keys import is_loopback
 from objq_broker.broker.server import BrokerServer
 from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.batch import NOT_READIED, ReadyMark
@@ -83,6 +84,7 @@ class BrokerRouting:
         whose parent's engines, server and link are left as they are, unused)."""
         self._closing = False
         self.bodies = BodyCache(self.store)
+        self._told_out_of_reach = ""  # the broker record last found out of reach (said once)
         self._retired: list[Engine] = []  # engines this process led with before
         self._leader: Engine | None = None
         self._server: BrokerServer | None = None
@@ -162,6 +164,10 @@ class BrokerRouting:
         if self.settings.mode == "fixed":
             return self._fixed_link()
         record = self._read_record()
+        if record is not None and self._out_of_reach(record):
+            self._drop_link()
+            self._record = record  # the record read again each RECORD_RECHECK_SECONDS
+            return self._direct_engine()
         if record != self._record or (record is not None and self._link is None):
             self._follow(record)
             if self._link is not None and self._reachable(self._link, record):
@@ -173,6 +179,28 @@ class BrokerRouting:
         if self.settings.mode == "auto":
             return self._take_over(record)
         return self._direct_engine()
+
+    def _out_of_reach(self, record: BrokerRecord) -> bool:
+        """Whether ``record``'s broker serves only another host's loopback: alive for that
+        host's processes, unreachable from here by design. This process neither waits for it
+        nor takes over (each host would take it from the other in turn): it commits directly,
+        and says once how to share one broker across hosts."""
+        if not record.host or record.host == host_id() or not is_loopback(record.address):
+            return False
+        if record.id != self._told_out_of_reach:
+            self._told_out_of_reach = record.id
+            log.warning(
+                "%s: the broker (epoch %d) serves only its own host's loopback (%s on %s); "
+                "this process commits directly. To share one broker across hosts, give the "
+                "processes that may serve broker_listen=0.0.0.0:PORT, broker_advertise=HOST:PORT "
+                "and the same broker_token (OBJQ_BROKER_LISTEN, OBJQ_BROKER_ADVERTISE, "
+                "OBJQ_BROKER_TOKEN)",
+                self.store.url,
+                record.epoch,
+                record.address,
+                record.host.split("/", 1)[0],
+            )
+        return True
 
     def _fixed_link(self) -> Target | None:
         address = self.settings.address or ""

@@ -15,6 +15,7 @@ import pytest
 from objq_broker import Queue
 from objq_broker.broker.elected import ElectedCommitter
 from objq_broker.engine.commit import Engine
+from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import AccessDenied
 from objq_broker.model.ops import TakeBroker
 from objq_broker.model.records import BrokerRecord
@@ -150,3 +151,28 @@ def test_a_broker_named_by_address_refuses_a_wrong_token_at_the_handshake(
         with Queue(store=store, broker=address, broker_token="s3cret") as client:
             client.enqueue("q", b"secured")
         assert leader.stats("q").ready == 1
+
+
+def test_a_broker_on_another_hosts_loopback_is_never_taken_over_from_here(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    engine = Engine(store)
+    elsewhere = BrokerRecord("far", "127.0.0.1:1", 0, 0.0, host="another-host/4026531840")
+    engine.call(TakeBroker(elsewhere, None))
+    engine.close()
+    started = time.monotonic()
+    with (
+        caplog.at_level("WARNING", logger="objq_broker.broker"),
+        Queue(store=store, broker="auto", broker_takeover_seconds=0.5) as q,
+    ):
+        for n in range(20):
+            q.enqueue("q", f"{n}".encode())
+            time.sleep(0.05)  # past the takeover time, and past a record re-read
+        assert role(q) == "direct"
+        assert q.stats("q").ready == 20
+    assert time.monotonic() - started < 5
+    record = Snapshot.read(store).broker
+    assert record is not None and record.id == "far", "the broker was not taken over"
+    said = [r.getMessage() for r in caplog.records if "only its own host" in r.getMessage()]
+    assert len(said) == 1 and "broker_advertise" in said[0]
