@@ -49,7 +49,13 @@ from objq_broker.broker.keys import curve_keys, require_token
 from objq_broker.broker.parking import ClaimPark
 from objq_broker.engine.batch import NOT_READIED, ReadyMark
 from objq_broker.engine.commit import Engine
-from objq_broker.errors import AccessDenied, ConfigurationError, ObjqError, WriterFenced
+from objq_broker.errors import (
+    AccessDenied,
+    BrokerUnreachable,
+    ConfigurationError,
+    ObjqError,
+    WriterFenced,
+)
 from objq_broker.model.ops import Outcomes, Session
 
 log = logging.getLogger("objq_broker.broker")
@@ -271,8 +277,8 @@ class BrokerServer:
     def _commit(self, peer: bytes, rid: bytes, session: Session) -> None:
         try:
             future = self.committer.submit(session)
-        except ObjqError as exc:  # closed meanwhile
-            return self._refuse(peer, rid, exc)
+        except ObjqError as exc:  # closed meanwhile: the client sends it to the next broker
+            return self._refuse(peer, rid, BrokerUnreachable(f"broker stopping: {exc}"))
         future.add_done_callback(lambda done: self._answered(peer, rid, session, done.result))
         return None
 
@@ -293,8 +299,8 @@ class BrokerServer:
                 asked.session,
                 lambda: self.park.claim(asked.session, asked.wait_seconds),
             )
-        except RuntimeError as exc:  # stopping
-            self._refuse(peer, rid, ObjqError(f"broker stopping: {exc}"))
+        except RuntimeError:  # stopping: no more waiting, but the engine may still commit it
+            self._commit(peer, rid, asked.session)
         return None
 
     def _owned(self, peer: bytes, rid: bytes, session: Session) -> bool:
