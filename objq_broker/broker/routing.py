@@ -32,6 +32,7 @@ from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import (
     BrokerTaken,
     BrokerUnreachable,
+    ObjqError,
     StorageUnavailable,
     WriterFenced,
 )
@@ -85,6 +86,9 @@ class BrokerRouting:
         self._closing = False
         self.bodies = BodyCache(self.store)
         self._told_out_of_reach = ""  # the broker record last found out of reach (said once)
+        self._told_still_writing = ""  # ... found unreachable but writing (said once)
+        self._writes_when_lost: int | None = None  # the broker's writes when it was lost
+        self._direct_until = float("-inf")  # commit directly until then (see _still_writing)
         self._retired: list[Engine] = []  # engines this process led with before
         self._leader: Engine | None = None
         self._server: BrokerServer | None = None
@@ -163,6 +167,8 @@ class BrokerRouting:
         """One look for a route; None to look again after a pause."""
         if self.settings.mode == "fixed":
             return self._fixed_link()
+        if time.monotonic() < self._direct_until:
+            return self._direct_engine()
         record = self._read_record()
         if record is not None and self._out_of_reach(record):
             self._drop_link()
@@ -176,9 +182,34 @@ class BrokerRouting:
             return self._link  # slow, not gone: it gets the same session again
         if record is not None and not self._waited_out():
             return None
+        if record is not None and self._still_writing(record):
+            return self._direct_engine()
         if self.settings.mode == "auto":
             return self._take_over(record)
         return self._direct_engine()
+
+    def _still_writing(self, record: BrokerRecord) -> bool:
+        """Whether ``record``'s broker, unreachable from here for ``takeover_seconds``, wrote
+        the state meanwhile: it lives, and serves others (a network cut this process off, or a
+        firewall). Taking over would only fence it and be fenced back in turn, so this process
+        commits directly for another ``takeover_seconds``, then looks again."""
+        writes = self._broker_writes_now()
+        baseline, self._writes_when_lost = self._writes_when_lost, writes
+        if baseline is None or writes is None or writes <= baseline:
+            return False
+        if record.id != self._told_still_writing:
+            self._told_still_writing = record.id
+            log.warning(
+                "%s: the broker at %s (epoch %d) is unreachable from here but still commits; "
+                "this process commits directly until it can reach it (check the network "
+                "between them, and that broker_advertise names an address this host reaches)",
+                self.store.url,
+                record.address,
+                record.epoch,
+            )
+        self._direct_until = time.monotonic() + self.settings.takeover_seconds
+        self._unreachable_since = time.monotonic()
+        return True
 
     def _out_of_reach(self, record: BrokerRecord) -> bool:
         """Whether ``record``'s broker serves only another host's loopback: alive for that
@@ -247,6 +278,7 @@ class BrokerRouting:
             self._record_read_at = float("-inf")
         if self._unreachable_since is None:
             self._unreachable_since = time.monotonic() if since is None else since
+            self._writes_when_lost = self._broker_writes_now()
 
     def _waited_out(self) -> bool:
         since = self._unreachable_since
@@ -261,6 +293,14 @@ class BrokerRouting:
         record = Snapshot.read(self.store).broker
         self._record_read_at = time.monotonic()
         return record
+
+    def _broker_writes_now(self) -> int | None:
+        """How many commits the broker has written, as of a read now (None if it failed)."""
+        try:
+            return Snapshot.read(self.store).broker_writes
+        except ObjqError as exc:
+            log.info("reading %s to judge its broker failed: %s", self.store.url, exc)
+            return None
 
     def _direct_engine(self) -> Engine:
         if self._direct is None:

@@ -98,6 +98,11 @@ class Snapshot:
         """The elected broker holding the namespace, if any."""
         return self._state.doc.broker
 
+    @property
+    def broker_writes(self) -> int:
+        """How many commits the broker holding the record has written (see ``StateDoc``)."""
+        return self._state.doc.broker_writes
+
     def broker_clients(self, within_seconds: float = ACTIVE_CLIENT_SECONDS) -> int:
         """How many broker clients changed the state within the last ``within_seconds``."""
         cutoff = self.read_at - within_seconds

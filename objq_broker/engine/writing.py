@@ -42,6 +42,8 @@ class StateWriter(EngineBase):
         doc.version += 1
         if self.epoch is not None:
             doc.epoch = max(doc.epoch, self.epoch)
+            if doc.broker is not None and doc.broker.epoch == self.epoch:
+                doc.broker_writes += 1
         doc.commit_id = attempt.commit_id
         doc.committed_at = now
         doc.recent_commits = [*doc.recent_commits, attempt.commit_id][-RECENT_COMMITS:]

@@ -245,6 +245,9 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     bodies: dict[str, int] = msgspec.field(default_factory=dict)
     #: The elected broker, if one holds the namespace.
     broker: BrokerRecord | None = None
+    #: Commits the broker holding the record has written (under its epoch): how processes
+    #: that cannot reach it tell a live broker from a dead one.
+    broker_writes: int = 0
     #: Broker clients' last applied requests, by client id: a request sent again after its
     #: broker died is recognised and not applied twice.
     sessions: dict[str, SessionMark] = msgspec.field(default_factory=dict)

@@ -6,7 +6,8 @@ Every actor is a broker candidate (``broker="auto"``, a one-second takeover). It
 reported: ``enqueued <payload>`` once an enqueue returned (durable), ``done <payload>`` once a
 job's ack returned, ``role <role>`` whenever its place in the election changes. Roles:
 ``producer`` (single enqueues, as a web handler), ``worker`` (claim one, ack it) and ``standby``
-(reads the queue's counts now and then: a candidate with little to do).
+(reads the queue's counts now and then: a candidate with little to do). SIGUSR1 makes any
+actor enqueue one job (``<pid>-poke-<n>``): a write by a standby, on demand.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ LEASE_SECONDS = 3.0
 
 
 def main(role: str, url: str, folder: Path) -> None:
-    stop = threading.Event()
+    stop, poke = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: poke.set())  # enqueue one job, whatever the role
     queue = Queue(url, broker="auto", broker_takeover_seconds=TAKEOVER_SECONDS)
     log = (folder / f"{os.getpid()}.{role}").open("a", buffering=1)
     queue.declare("q")
@@ -39,6 +41,10 @@ def main(role: str, url: str, folder: Path) -> None:
     while not stop.is_set():
         try:
             n += 1
+            if poke.is_set():
+                poke.clear()
+                queue.enqueue("q", f"{os.getpid()}-poke-{n}".encode())
+                log.write(f"enqueued {os.getpid()}-poke-{n}\n")
             act(role, queue, log, n)
         except ObjqError as exc:
             log.write(f"error {type(exc).__name__}: {exc}\n")

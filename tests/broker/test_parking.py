@@ -12,13 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import zmq
 
 from objq_broker import Queue, ops
 from objq_broker.broker import wire
 from objq_broker.broker.elected import ElectedCommitter
 from objq_broker.broker.parking import LANE_STRIDE, ClaimPark
-from objq_broker.broker.server import BrokerServer
 from objq_broker.engine import Engine
 from objq_broker.errors import ConfigurationError
 from objq_broker.model.ops import Session
@@ -244,26 +242,6 @@ def test_a_waiting_claim_must_hold_one_claim() -> None:
         wire.decode_claim(bad)
     with pytest.raises(ConfigurationError, match="wait_seconds"):
         wire.decode_claim(b'{"session": {"client": "c", "seq": 1, "ops": []}, "wait_seconds": -1}')
-
-
-def test_a_client_of_another_protocol_version_is_refused_with_both_versions_named() -> None:
-    server = BrokerServer(Engine(MemoryStore()), listen="127.0.0.1:0")
-    server.start()
-    context = zmq.Context()
-    peer = context.socket(zmq.DEALER)
-    try:
-        peer.connect(f"tcp://127.0.0.1:{server.port}")
-        peer.send_multipart([b"objq/2", wire.HELLO, wire.request_id(7), b"{}"])
-        assert peer.poll(5000), "the broker must answer, never drop the client silently"
-        protocol, kind, rid, body = peer.recv_multipart()
-        assert (protocol, kind, rid) == (wire.PROTOCOL, wire.REFUSED, wire.request_id(7))
-        error = wire.decode_refused(body)
-        assert isinstance(error, ConfigurationError)
-        assert "objq/1" in str(error) and "objq/2" in str(error)
-    finally:
-        peer.close(0)
-        context.term()
-        server.stop()
 
 
 def test_with_no_broker_to_wait_at_a_waiting_claim_claims_nothing() -> None:
