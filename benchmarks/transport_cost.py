@@ -36,9 +36,35 @@ installed, the grpc designs are left out.
 
 Two runs of 2026-12-06, one after the other, on 2 cores (a virtual machine), Python 3.11.7,
 grpcio 1.85.3, pyzmq 27.3.0 (libzmq 4.3.5), defaults (200 bytes, 3,000 calls per thread, 5
-rounds):
+rounds), while nothing else ran:
 
-RESULTS
+    design             threads  calls/s CPU ms/call  client  server spread  ÷ zmq
+    grpc-unary               1    2,502       0.471   0.181   0.290    26%   4.04
+    grpc-unary               4    3,622       0.438   0.177   0.261    20%   5.89
+    grpc-stream              1    4,252       0.323   0.190   0.133    29%   2.77
+    grpc-stream              4    7,560       0.244   0.143   0.102    22%   3.28
+    zmq-lock (zmq)           1    8,809       0.117   0.073   0.043    18%   1.00
+    zmq-lock (zmq)           4   20,643       0.074   0.049   0.025    37%   1.00
+    zmq-inproc               1    7,423       0.141   0.091   0.050    25%   1.21
+    zmq-inproc               4   16,369       0.095   0.064   0.032    43%   1.28
+    zmq-curve (lock)         1    7,004       0.151   0.087   0.063    41%   1.29
+    zmq-curve (lock)         4   17,027       0.096   0.062   0.033    25%   1.28
+
+    design             threads  calls/s CPU ms/call  client  server spread  ÷ zmq
+    grpc-unary               1    2,854       0.431   0.168   0.263    62%   3.91
+    grpc-unary               4    3,795       0.423   0.179   0.244    53%   5.94
+    grpc-stream              1    5,792       0.242   0.146   0.097    52%   2.19
+    grpc-stream              4    7,570       0.234   0.139   0.095    27%   3.29
+    zmq-lock (zmq)           1    9,710       0.110   0.064   0.047    22%   1.00
+    zmq-lock (zmq)           4   22,378       0.071   0.047   0.024    18%   1.00
+    zmq-inproc               1    8,483       0.119   0.082   0.037    48%   1.08
+    zmq-inproc               4   19,320       0.080   0.054   0.026    69%   1.13
+    zmq-curve (lock)         1    8,414       0.121   0.071   0.050    32%   1.10
+    zmq-curve (lock)         4   21,409       0.073   0.048   0.024    49%   1.03
+
+On this machine one design's rounds differ by 20 to 70 % from minute to minute, and runs while
+other work kept both cores busy came out 10 to 30 % cheaper per call (waking an idle core costs
+more than waking a busy one): compare the ratios, which hold far better than the figures.
 """
 
 from __future__ import annotations
@@ -68,8 +94,8 @@ except ImportError:  # the zmq designs are measured all the same
     grpc = None
 
 DESIGNS = ("grpc-unary", "grpc-stream", "zmq-lock", "zmq-inproc", "zmq-curve")
-#: pyzmq's design, which the others are compared with: the cheaper zmq variant in the runs
-#: below (at one client thread by a fifth; at four, within their variance of each other).
+#: pyzmq's design, which the others are compared with: the cheaper zmq variant, by 8 to 28 %
+#: in the runs of the module's docstring.
 ZMQ = "zmq-lock"
 UNARY_METHOD = "/bench.Echo/Unary"
 STREAM_METHOD = "/bench.Echo/Stream"

@@ -322,10 +322,10 @@ def test_the_broker_tells_an_idle_consumer_of_another_process_message_at_once(
 def test_a_local_folder_tells_an_idle_consumer_of_another_process_direct_commits(
     connect: Any, hub: Hub, store_url: str, slow_timer: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given an idle consumer committing directly (the transport's default), on a local folder,
-    # whose timer will not poll again for a minute, nor its engine read the state to expire
-    # leases (which would find the messages too)
-    monkeypatch.delenv("OBJQ_BROKER", raising=False)
+    # Given an idle consumer committing directly, on a local folder, whose timer will not poll
+    # again for a minute, nor its engine read the state to expire leases (which would find the
+    # messages too)
+    monkeypatch.setenv("OBJQ_BROKER", "off")
     conn = connect(**NEVER_POLLED, idle_tick_seconds=60.0)
     got: list[int] = []
     queue = kombu.Queue("told", routing_key="told")

@@ -17,7 +17,7 @@ from objq_broker.model.ops import (
     TakeBroker,
 )
 from objq_broker.model.records import BrokerRecord
-from objq_broker.model.state import QueueState
+from objq_broker.model.state import QueueState, session_key
 from objq_broker.model.values import NewJob
 
 NOW = 1000.0
@@ -74,7 +74,7 @@ def test_old_sessions_are_forgotten() -> None:
     state = QueueState()
     Session("old", 1, [enqueue("a")]).apply(state, NOW)
     Session("new", 1, [enqueue("b")]).apply(state, NOW + 2 * 3600)
-    assert set(state.doc.sessions) == {"new"}
+    assert set(state.doc.sessions) == {session_key("new")}
 
 
 def test_only_one_of_two_candidates_that_saw_the_same_broker_takes_over() -> None:

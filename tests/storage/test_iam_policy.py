@@ -55,6 +55,23 @@ def documented_policy() -> dict[str, Any]:
     return parsed
 
 
+def as_moto_can_check(policy: dict[str, Any]) -> dict[str, Any]:
+    """``policy`` in moto's (5.2) terms, for the listing only. moto checks a listing as the
+    action ``s3:ListObjectsV2``, which AWS's IAM does not have (AWS checks ``s3:ListBucket``),
+    and it evaluates conditions but never fills in ``s3:prefix`` from a listing, so it would
+    refuse every listing. So a ``s3:ListBucket`` statement is given to moto under both names,
+    without its ``s3:prefix`` condition (objq only lists under the prefix)."""
+    statements = []
+    for given in policy["Statement"]:
+        statement = dict(given)
+        if statement.get("Action") == "s3:ListBucket":
+            condition = statement.pop("Condition", {}).get("StringLike", {})
+            assert set(condition) == {"s3:prefix"}, given
+            statement["Action"] = ["s3:ListBucket", "s3:ListObjectsV2"]
+        statements.append(statement)
+    return {**policy, "Statement": statements}
+
+
 @pytest.fixture
 def enforcing_moto(children: Children) -> Iterator[str]:
     """A moto server in a process of its own (its IAM switch is process-wide), not yet
@@ -90,7 +107,9 @@ def user_with_documented_policy(endpoint: str) -> dict[str, str]:
     iam = client("iam", endpoint, **ADMIN)
     iam.create_user(UserName="objq")
     iam.put_user_policy(
-        UserName="objq", PolicyName="objq", PolicyDocument=json.dumps(documented_policy())
+        UserName="objq",
+        PolicyName="objq",
+        PolicyDocument=json.dumps(as_moto_can_check(documented_policy())),
     )
     key = iam.create_access_key(UserName="objq")["AccessKey"]
     enforce = urllib.request.Request(
