@@ -1,7 +1,7 @@
 """The elected broker under real framework workers: Dramatiq's and Celery's own CLIs, on SeaweedFS.
 
-Every process of the namespace runs with ``OBJQ_BROKER=auto`` (workers and producers alike, set
-through the environment only: the example apps are unchanged). Two producer processes send one
+Every process of the namespace runs with the default settings (``OBJQ_BROKER`` unset: every
+process takes part in the election; the example apps are unchanged). Two producer processes send one
 message at a time, each with a number of its own, and note every send that returned. Mid-run
 the test finds the process that serves the broker's address (the inode of the socket listening
 there, from ``/proc/net/tcp6``, among the descriptors of the processes it started) and SIGKILLs
@@ -17,13 +17,13 @@ land), and the second fleet carries on.
 
 Celery's prefork pool forks its children before the worker connects, but replaces them later
 (here every few tasks, ``--max-tasks-per-child``) from a main process that by then serves the
-broker or talks to it over gRPC. A child publishes when a task retries itself (a fifth of the
+broker or talks to it over libzmq. A child publishes when a task retries itself (a fifth of the
 messages do, twice), through a queue of its own (the transport keys its queues by pid). The
 test waits for children forked by the broker's process to be at work before it kills that
-process, and reports what it saw of gRPC in the children: gRPC does not support ``fork()`` with
-live channels or servers, and a child opens its own channel to the broker inside a process
-that inherited its parent's gRPC state. A forked child joins as a client only (the transport
-sees it was forked): it never takes the role, which it could not hand over on ``os._exit``.
+process, and reports how many children opened connections of their own to the broker (a
+forked child never uses its parent's). A forked child joins as a client only (the transport
+sees it was forked): it never takes the role, which it could not hand over on ``os._exit``;
+none may die of a signal.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def decode_address(hex_address: str) -> tuple[str, int]:
     packed = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     ip = ipaddress.ip_address(packed)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped  # gRPC listens on a dual-stack socket: ::ffff:127.0.0.1
+        ip = ip.ipv4_mapped  # a dual-stack socket shows an IPv4 peer as ::ffff:127.0.0.1
     return str(ip), int(hex_port, 16)
 
 
@@ -194,8 +194,8 @@ class Holder:
 def find_holder(namespace: Namespace, roots: list[int]) -> Holder | None:
     """The process below ``roots`` that serves the broker recorded in the state, if any.
 
-    A child forked after the server started may hold the listening socket too (unless gRPC's
-    fork handlers closed it): the server is the holder whose parent holds none."""
+    A child forked after the server started holds the listening socket too (it inherits the
+    descriptor): the server is the holder whose parent holds none."""
     record = namespace.broker()
     if record is None:
         return None
@@ -314,9 +314,8 @@ def start_producers(
 
 
 def base_env(results: Path) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != "OBJQ_BROKER"}  # the default: elected
     env.update(
-        OBJQ_BROKER="auto",
         OBJQ_BROKER_TAKEOVER_SECONDS=str(TAKEOVER_SECONDS),
         APP_RESULTS_DIR=str(results),
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
@@ -466,11 +465,10 @@ CELERY_PRODUCER = (
 #: Pool children are replaced this often, so most are forked from a main process that is in
 #: the election by then.
 TASKS_PER_CHILD = 10
-#: What a worker's log says when a pool child died of a signal (6: a failed check of gRPC's),
-#: when a pool child became the broker, and when gRPC could not prepare a fork.
+#: What a worker's log says when a pool child died of a signal, and when a pool child became
+#: the broker.
 CHILD_KILLED = re.compile(r"'ForkPoolWorker-[0-9]+' pid:[0-9]+ exited with 'signal ([0-9]+)")
 CHILD_BROKER = re.compile(r"ForkPoolWorker-[0-9]+\] broker of ")
-GRPC_FORK_SKIPPED = "Other threads are currently calling into gRPC, skipping fork() handlers"
 
 
 def start_celery_worker(
@@ -493,7 +491,7 @@ def celery_number(line: str) -> str | None:
 
 
 def forked_since(holder: Holder) -> set[int]:
-    """The children the broker's process forked after it took the broker (it served gRPC)."""
+    """The children the broker's process forked after it took the broker (it served then)."""
     return {
         pid
         for pid in descendants(holder.pid) - {holder.pid}
@@ -501,7 +499,7 @@ def forked_since(holder: Holder) -> set[int]:
     }
 
 
-class GrpcInPoolChildren:
+class LinksInPoolChildren:
     """Finds pool children (processes below ``mains``) with a connection of their own to the
     recorded broker. A child shares the sockets its parent had when it forked; only a client
     end its parent does not hold is one it opened itself."""
@@ -546,9 +544,9 @@ def test_celery_workers_survive_the_loss_of_the_broker_process(
         "the workers to elect a broker",
     )
     producers = start_producers(children, CELERY_PRODUCER, env, logs)
-    grpc_in_children = GrpcInPoolChildren(namespace, mains)
+    links_in_children = LinksInPoolChildren(namespace, mains)
     guard = Guard(*workers, *producers.processes)
-    guard.looks.append(grpc_in_children.look)
+    guard.looks.append(links_in_children.look)
 
     def ran() -> Counter[str]:
         return ran_numbers(results, celery_number)
@@ -609,10 +607,10 @@ def test_celery_workers_survive_the_loss_of_the_broker_process(
         f"{holder.record.epoch}) killed after forking {len(forked)} pool children; epoch "
         f"{successor.epoch} after {took:.1f} s; {len(sent)} sent, slowest send "
         f"{producers.slowest_send():.2f} s, {sum(n - 1 for n in ran().values())} ran twice; "
-        f"{time.monotonic() - started:.0f} s. Pool children: {len(grpc_in_children.seen)} "
-        f"opened gRPC connections, {len(CHILD_BROKER.findall(log_text))} became the broker, "
-        f"killed by signals {CHILD_KILLED.findall(log_text)}; "
-        f"{log_text.count(GRPC_FORK_SKIPPED)} forks skipped gRPC's fork handlers; "
+        f"{time.monotonic() - started:.0f} s. Pool children: {len(links_in_children.seen)} "
+        f"opened connections of their own, {len(CHILD_BROKER.findall(log_text))} became the "
+        f"broker, killed by signals {CHILD_KILLED.findall(log_text)}; "
         f"broker left recorded: {final.epoch if final else None}"
     )
     assert CHILD_BROKER.findall(log_text) == [], "a forked pool child took the broker role"
+    assert CHILD_KILLED.findall(log_text) == [], "a pool child died of a signal"

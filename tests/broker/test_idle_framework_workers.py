@@ -47,7 +47,7 @@ IDLE_SECONDS = 20.0
 WAKE_TIMEOUT_SECONDS = 120.0
 #: Storage requests an idle elected namespace may make per minute, all processes together. By
 #: design it needs two: the broker re-reads the state once every 30 s (EXCLUSIVE_RECHECK_SECONDS,
-#: to notice a successor or a direct writer); followers wait on its commit notices over gRPC
+#: to notice a successor or a direct writer); followers wait on its commit notices over libzmq
 #: and never look at storage. Three times that leaves room for one stray request in a short
 #: window, while anything that polls per process (8 workers: at least 8 a minute) fails.
 MAX_ELECTED_REQUESTS_PER_MINUTE = 6

@@ -4,6 +4,8 @@ a new client answered at once. Real broker, real libzmq peers on 127.0.0.1."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -83,3 +85,61 @@ def test_hundreds_of_idle_followers_leave_a_new_client_answered_at_once(tmp_path
             for peer in peers:
                 peer.close(0)
             context.term()
+
+
+#: A peer without the token: hundreds of connections that never finish their greeting, and
+#: others that pour junk (200 MB each) at the broker's port.
+_UNAUTHENTICATED = """
+import socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+idle = [socket.create_connection((host, port)) for _ in range(270)]
+junk = b"\\xff" + b"\\x00" * 8 + b"\\x7f" + b"x" * (1 << 20)  # a greeting's start, then junk
+for _ in range(4):
+    pour = socket.create_connection((host, port))
+    try:
+        for _ in range(200):
+            pour.sendall(junk)
+    except OSError:
+        pass  # dropped by the broker: what it should do
+    pour.close()
+print("poured", flush=True)
+time.sleep(60)
+"""
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def test_unauthenticated_peers_hold_no_thread_or_memory_of_a_secured_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OBJQ_BROKER_TOKEN", raising=False)
+    url = f"file://{tmp_path}/ns"
+    with Queue(url, broker="auto", broker_token="s3cret") as leader:
+        leader.declare("q")
+        host, port = address_of(leader).rsplit(":", 1)
+        threads, memory = threading.active_count(), rss_bytes()
+        attacker = subprocess.Popen(
+            [sys.executable, "-c", _UNAUTHENTICATED, host, port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            assert attacker.stdout is not None
+            assert attacker.stdout.readline() == b"poured\n"
+            # Then a client with the token is answered at once, while the idle ones stay open
+            started = time.monotonic()
+            with Queue(url, broker="client", broker_token="s3cret") as client:
+                client.enqueue("q", b"served")
+                took = time.monotonic() - started
+            assert took < 2.0, took
+            assert threading.active_count() - threads <= 2  # the client's own link, at most
+            assert rss_bytes() - memory < 64 * 1024 * 1024, "the broker kept what it was sent"
+            assert leader.stats("q").ready == 1
+        finally:
+            attacker.kill()
+            attacker.communicate()

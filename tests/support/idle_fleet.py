@@ -36,9 +36,9 @@ from tests.support.processes import Children
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-#: ``OBJQ_BROKER`` for each mode measured: every process polls storage itself, or the
-#: processes elect one of themselves to commit for all.
-BROKER_MODES: Mapping[str, str] = {"direct": "off", "elected": "auto"}
+#: ``OBJQ_BROKER`` for each mode measured: every process polls storage itself, or (unset: the
+#: default) the processes elect one of themselves to commit for all.
+BROKER_MODES: Mapping[str, str | None] = {"direct": "off", "elected": None}
 #: Key prefix of the namespace in its bucket.
 PREFIX = "objq"
 #: What each framework's worker logs once it consumes (Dramatiq's worker process, Celery's
@@ -116,14 +116,16 @@ class IdleFleet:
     def environment(self, endpoint_url: str) -> dict[str, str]:
         """The environment of a process of this fleet reaching S3 at ``endpoint_url``."""
         store = f"s3://{self.bucket}/{PREFIX}?endpoint_url={endpoint_url}"
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k != "OBJQ_BROKER"}
         env.update(
             OBJQ_URL=store,
             CELERY_BROKER_URL=f"objq+{store}",
-            OBJQ_BROKER=BROKER_MODES[self.mode],
             APP_RESULTS_DIR=str(self.results),
             PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
         )
+        mode = BROKER_MODES[self.mode]
+        if mode is not None:
+            env["OBJQ_BROKER"] = mode
         return env
 
     def start(self, *, dramatiq: int, celery: int, celery_chatter: bool = False) -> None:
