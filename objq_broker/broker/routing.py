@@ -32,6 +32,7 @@ from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import (
     BrokerTaken,
     BrokerUnreachable,
+    ConfigurationError,
     ObjqError,
     StorageUnavailable,
     WriterFenced,
@@ -312,7 +313,17 @@ class BrokerRouting:
         """Become the broker, if the record still says ``seen``; None when another won."""
         engine = Engine(self.store, exclusive=True, bodies=self.bodies, **self._engine_options)
         settings = self.settings
-        server = BrokerServer(engine, listen=settings.listen, token=settings.token)
+        try:
+            server = BrokerServer(engine, listen=settings.listen, token=settings.token)
+        except ConfigurationError as exc:
+            # Another process of this host serves (or just served) on that fixed port: this
+            # one commits directly for a while instead of failing the caller's operations.
+            engine.close()
+            log.warning(
+                "%s: cannot serve as the broker, committing directly: %s", self.store.url, exc
+            )
+            self._direct_until = time.monotonic() + self.settings.takeover_seconds
+            return self._direct_engine()
         server.start()
         record = BrokerRecord(
             id=uuid.uuid4().hex,

@@ -10,6 +10,7 @@ It runs until SIGTERM or SIGINT, then commits what is pending and clears its rec
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -20,6 +21,8 @@ from objq_broker.cli.output import printable
 from objq_broker.errors import ConfigurationError, ObjqError
 from objq_broker.queue import Queue
 
+#: Where a dedicated broker listens unless told (a fixed port, for clients to name).
+DEFAULT_LISTEN = "127.0.0.1:7700"
 #: How often a standby checks that the broker still answers.
 STANDBY_CHECK_SECONDS = 1.0
 
@@ -32,7 +35,8 @@ def cmd_broker(ctx: Context) -> int:
         raise ConfigurationError(f"objq broker needs pyzmq ({exc}): pip install pyzmq") from exc
     logging.basicConfig(format="objq broker: %(message)s", level=logging.INFO)
     ctx.snapshot(create=True)  # a missing bucket or a corrupt state fails here, in one line
-    options = {"broker_listen": ctx.args.listen, "broker_advertise": ctx.args.advertise}
+    listen = ctx.args.listen or os.environ.get("OBJQ_BROKER_LISTEN") or DEFAULT_LISTEN
+    options = {"broker_listen": listen, "broker_advertise": ctx.args.advertise}
     if ctx.args.takeover_seconds is not None:
         options["broker_takeover_seconds"] = ctx.args.takeover_seconds
     settings = broker_settings("auto", {k: v for k, v in options.items() if v is not None})

@@ -310,8 +310,9 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     sub.add_argument(
         "--listen",
-        default="127.0.0.1:7700",
-        help="host:port to serve on (127.0.0.1:7700); beyond loopback needs $OBJQ_BROKER_TOKEN",
+        default=None,
+        help="host:port to serve on ($OBJQ_BROKER_LISTEN, else 127.0.0.1:7700); beyond "
+        "loopback needs $OBJQ_BROKER_TOKEN",
     )
     sub.add_argument(
         "--advertise",
