@@ -5,9 +5,11 @@ anchor with no persistence (``--save '' --appendonly no``), and one that fsyncs 
 (``--appendonly yes --appendfsync always``), as durable as objq's default:
 
 * ``objq broker + objq results``: ``broker_url`` and ``result_backend`` both ``objq+file://``
-  (two folders of one temporary directory): nothing to run but the worker.
+  (two folders of one temporary directory), committing directly (``OBJQ_BROKER=off``):
+  nothing to run but the worker.
 * the same with ``?fsync=false`` on both stores: as durable as that Redis (in memory only).
-* both again with ``OBJQ_BROKER=auto``: the worker and this process elect a broker.
+* both again with the elected broker (``OBJQ_BROKER=auto``, the default): the worker and this
+  process elect one of them to commit for both.
 * ``objq broker + Redis results``: the same broker, results in Redis: the backends alone differ.
 * ``Redis broker + Redis results``: the usual Celery deployment, for the whole round trip;
   and the same on the Redis that fsyncs every write.
@@ -234,8 +236,8 @@ def print_table(rows: list[Row], anchor: Row | None, revision: str | None) -> No
 #: the elected broker the worker and this process elect one of them to commit for both: claims
 #: are served from its state in memory, and a claim that found nothing waits there.
 OBJQ_ROWS = (
-    ("direct", "objq + objq", ("queue", "results"), "", ""),
-    ("direct-no-fsync", "objq + objq, no fsync", ("q2", "r2"), "?fsync=false", ""),
+    ("direct", "objq + objq, direct", ("queue", "results"), "", "off"),
+    ("direct-no-fsync", "objq + objq, direct, no fsync", ("q2", "r2"), "?fsync=false", "off"),
     ("elected", "objq + objq, elected broker", ("q3", "r3"), "", "auto"),
     ("elected-no-fsync", "objq + objq, elected broker, no fsync", ("q4", "r4"), "?fsync=false",
      "auto"),

@@ -2,7 +2,9 @@
 
 Both run side by side in one run, with the same Celery settings (defaults, results ignored):
 
-* ``objq file://``: ``broker_url = "objq+file://<tmpdir>"`` (the file store's default fsync).
+* ``objq file://``: ``broker_url = "objq+file://<tmpdir>"`` (the file store's default fsync),
+  with the default settings: this process and the worker's elect a broker (``OBJQ_BROKER``
+  as in the environment; ``OBJQ_BROKER=off`` measures direct commits).
 * ``redis``: ``broker_url = "redis://127.0.0.1:<port>/0"`` on a redis-server this script starts
   with ``--save '' --appendonly no`` (no persistence).
 
