@@ -1,8 +1,11 @@
 """One client's connection to a broker: requests out, answers back, commit notices pushed.
 
-:class:`BrokerLink` is transport only: one DEALER socket to the broker's address, served by one
-I/O thread, shared by every caller of the process (the sender of sessions, waiting claims,
-hellos), each request numbered so that many are in flight at once. Deciding which broker to talk
+:class:`BrokerLink` is transport only: one DEALER socket to the broker's address, shared by
+every caller of the process (the sender of sessions, waiting claims, hellos), each request
+numbered so that many are in flight at once. A caller sends itself, holding the socket's lock;
+one reader thread waits for answers and hands each to its caller. Whoever holds the lock also
+takes every answer that has arrived: libzmq signals arrivals on a descriptor that any use of
+the socket may reset, so a send never leaves an answer unread. Deciding which broker to talk
 to, and what to do when it is gone, is :mod:`objq_broker.broker.routing`'s job. Every failure
 of the link itself becomes one of three errors: :class:`~objq_broker.errors.BrokerUnreachable`
 (gone, paused, not a broker of this namespace: look for another),
@@ -20,20 +23,29 @@ committer that holds a link makes a new one in a forked child (see
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import itertools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
+from typing import cast
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from objq_broker.broker import wire
 from objq_broker.broker.keys import curve_keys
-from objq_broker.broker.server import HEARTBEAT_MS, HEARTBEAT_TIMEOUT_MS, WATCH_LEASE_SECONDS
+from objq_broker.broker.server import (
+    HEARTBEAT_MS,
+    HEARTBEAT_TIMEOUT_MS,
+    WATCH_LEASE_SECONDS,
+    ZMQ_EVENTS,
+    ZMQ_NOBLOCK,
+    ZMQ_POLLIN,
+    ZMQ_RCVMORE,
+)
 from objq_broker.errors import (
     AccessDenied,
     BrokerUnreachable,
@@ -83,21 +95,29 @@ class BrokerLink:
     """A connection to the broker at ``address``.
 
     ``token``: the shared token, if the broker requires one (the link is CURVE then).
-    ``key``: the broker's public key as its record gives it (None: a broker without a token,
-    or one named by address, whose key the handshake checks).
+    ``key``: the broker's public key as its record gives it (None: a broker without a token).
+    ``recorded``: whether the address comes from the namespace's broker record, which says
+    whether the broker has a token; a broker named by address is judged by its handshake.
     """
 
-    def __init__(self, address: str, *, token: str | None = None, key: str | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        key: str | None = None,
+        recorded: bool = True,
+    ) -> None:
         self.address = address
+        self._recorded = recorded
         self.max_request_bytes = wire.MAX_REQUEST_BYTES  # until the broker's hello says
         self._check_keys(token, key)
         self._token = token
         self._calls: dict[bytes, _Call] = {}
         self._ids = itertools.count(1)
-        self._outgoing: collections.deque[list[bytes]] = collections.deque()
-        self._lock = threading.Lock()
-        self._wake_r, self._wake_w = os.pipe()
-        self._woken = False
+        self._lock = threading.Lock()  # the calls waiting for answers
+        self._socket_lock = threading.Lock()  # every use of the socket, by any thread
+        self._stop_r, self._stop_w = os.pipe()
         self._closed = False
         self._denied: ObjqError | None = None
         self._watcher: Callable[[], None] | None = None
@@ -172,12 +192,14 @@ class BrokerLink:
         """Call ``notice`` (on this link's thread) after each of the broker's commits that
         made jobs claimable, until :meth:`close`."""
         self._watcher = notice
-        self._watch_due = 0.0
-        self._wake()
+        self._renew_watch()
 
     def close(self) -> None:
-        self._closed = True
-        self._wake()
+        with self._socket_lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.write(self._stop_w, b"!")
         if threading.current_thread() is not self._thread:
             self._thread.join(2.0)
 
@@ -194,10 +216,11 @@ class BrokerLink:
             raise BrokerUnreachable(f"broker {self.address}: the link is closed")
         call = _Call()
         rid = wire.request_id(next(self._ids))
-        with self._lock:
+        with self._lock:  # a refused handshake fails every call registered before it
+            if self._denied is not None:
+                raise self._denied
             self._calls[rid] = call
-        self._outgoing.append([wire.PROTOCOL, kind, rid, body])
-        self._wake()
+        self._send(wire.frame(kind, rid, body))
         if not call.done.acquire(timeout=timeout):
             with self._lock:
                 self._calls.pop(rid, None)
@@ -212,71 +235,71 @@ class BrokerLink:
         assert call.answer is not None
         return call.answer
 
-    def _wake(self) -> None:
-        # Under the lock: the I/O thread closes the pipe under it when it ends. One byte at
-        # most is ever in the pipe, so the write never blocks.
-        with self._lock:
-            if self._woken or self._wake_w < 0:
-                return
-            self._woken = True
-            os.write(self._wake_w, b"!")
+    def _send(self, message: bytes) -> None:
+        with self._socket_lock:
+            if self._closed:
+                raise BrokerUnreachable(f"broker {self.address}: the link is closed")
+            try:
+                self._socket.send(message, ZMQ_NOBLOCK)
+            except zmq.Again:  # libzmq's queue for the broker is full: it reads nothing
+                raise BrokerUnreachable(
+                    f"broker {self.address}: it takes no more requests (its queue is full)"
+                ) from None
+            finally:
+                self._take_answers()
 
-    # --- the I/O thread -----------------------------------------------------------------------
+    def _renew_watch(self) -> None:
+        self._watch_due = time.monotonic() + WATCH_LEASE_SECONDS / 3
+        with contextlib.suppress(BrokerUnreachable):  # renewed again in a while
+            self._send(wire.frame(wire.WATCH, wire.request_id(0), b""))
+
+    # --- the reader thread --------------------------------------------------------------------
 
     def _serve(self) -> None:
         poller = zmq.Poller()
-        poller.register(self._socket, zmq.POLLIN)
+        # The socket's descriptor, not the socket: another thread may be using the socket.
+        poller.register(self._socket.getsockopt(zmq.FD), zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._stop_r, zmq.POLLIN)
         try:
-            while not self._closed:
+            while True:  # until close(), seen under the socket's lock
                 timeout = 1000
                 if self._watcher is not None:
-                    timeout = max(min(timeout, int((self._watch_due - time.monotonic()) * 1000)), 0)
+                    due = int((self._watch_due - time.monotonic()) * 1000)
+                    timeout = max(min(timeout, due), 0)
                 ready = dict(poller.poll(timeout))
-                if self._wake_r in ready:
-                    with self._lock:
-                        os.read(self._wake_r, 4096)
-                        self._woken = False
                 if self._monitor in ready:
                     self._handshake_event()
-                if self._socket in ready:
+                with self._socket_lock:
+                    if self._closed:
+                        break
                     self._take_answers()
-                self._send()
                 if self._watcher is not None and time.monotonic() >= self._watch_due:
-                    self._watch_due = time.monotonic() + WATCH_LEASE_SECONDS / 3
-                    self._outgoing.append([wire.PROTOCOL, wire.WATCH, wire.request_id(0), b""])
-                    self._send()
+                    self._renew_watch()
         except Exception:
             log.exception("broker link %s failed", self.address)
         finally:
             self._fail_all(BrokerUnreachable(f"broker {self.address}: the link is closed"))
-            self._socket.close(0)
+            with self._socket_lock:
+                self._closed = True
+                self._socket.close(0)
             self._monitor.close(0)
-            with self._lock:
-                os.close(self._wake_r)
-                os.close(self._wake_w)
-                self._wake_w = -1
-
-    def _send(self) -> None:
-        while self._outgoing:
-            frames = self._outgoing.popleft()
-            try:
-                self._socket.send_multipart(frames, zmq.NOBLOCK)
-            except zmq.Again:  # not connected yet, or the broker reads nothing: wait
-                self._outgoing.appendleft(frames)
-                return
+            os.close(self._stop_r)
+            os.close(self._stop_w)
 
     def _take_answers(self) -> None:
-        while True:
+        """Hand out every answer that has arrived (holding the socket's lock)."""
+        socket = self._socket
+        while cast(int, socket.getsockopt(ZMQ_EVENTS)) & ZMQ_POLLIN:
+            message = socket.recv(ZMQ_NOBLOCK)
+            while socket.getsockopt(ZMQ_RCVMORE):  # not objq's: a broker sends one part
+                socket.recv(ZMQ_NOBLOCK)
+                message = b""
             try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if len(frames) != 4 or frames[0] != wire.PROTOCOL:
+                kind, rid, body = wire.parse(message)
+            except ObjqError:
                 log.warning("broker %s: unreadable answer ignored", self.address)
                 continue
-            _, kind, rid, body = frames
             if kind == wire.NOTICE:
                 watcher = self._watcher
                 if watcher is not None:
@@ -308,7 +331,8 @@ class BrokerLink:
         if denied is None:
             return
         log.warning("%s", denied)
-        self._denied = denied
+        with self._lock:
+            self._denied = denied
         self._fail_all(denied)
 
     def _denial(self, code: int, value: int) -> AccessDenied | None:
@@ -324,9 +348,11 @@ class BrokerLink:
                 f"broker {self.address} refused this process (missing or wrong token): this "
                 f"process {ours}; {_TOKEN_HINT}"
             )
-        if code == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self._token:
-            # A CURVE greeting a broker could not read: a wrong token, as far as one can tell
-            # (a record's key is checked before connecting; this is a broker named by address).
+        if code == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and (self._token or not self._recorded):
+            # A greeting the peer would not take: with a token, one it could not decrypt (a
+            # record's key was checked before connecting); without one, often a secured broker
+            # that hung up before saying why. Only a broker named by address, whose security
+            # no record tells, is judged so; a recorded one without a key is no broker at all.
             return AccessDenied(
                 f"broker {self.address}: handshake failed: missing or wrong token, or not an "
                 f"objq broker; {_TOKEN_HINT}"

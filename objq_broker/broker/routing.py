@@ -237,7 +237,7 @@ class BrokerRouting:
     def _fixed_link(self) -> Target | None:
         address = self.settings.address or ""
         if self._link is None:
-            self._link = self._open_link(address)
+            self._link = self._open_link(address, recorded=False)
         if self._unreachable_since is None:
             return self._link
         self._unreachable_since = None  # try it again after the pause
@@ -352,8 +352,10 @@ class BrokerRouting:
         log.info("broker of %s at %s (epoch %d)", self.store.url, won.address, won.epoch)
         return engine
 
-    def _open_link(self, address: str, *, key: str | None = None) -> BrokerLink:
-        return BrokerLink(address, token=self.settings.token, key=key)
+    def _open_link(
+        self, address: str, *, key: str | None = None, recorded: bool = True
+    ) -> BrokerLink:
+        return BrokerLink(address, token=self.settings.token, key=key, recorded=recorded)
 
     def _drop_link(self) -> None:
         link, self._link = self._link, None

@@ -1,14 +1,15 @@
 """What a broker client and a broker say to each other: the frames, and the operations and
 their outcomes as JSON inside them.
 
-Every message, either way, is four frames (libzmq multipart): :data:`PROTOCOL`, a kind, a
-request id of 8 bytes that the answer repeats, and a JSON body. A client sends ``hello``
-(:class:`ClientHello`), ``apply`` (a :class:`~objq_broker.model.ops.Session`), ``claim`` (a
-:class:`WaitingClaim`) or ``watch`` (empty); the broker answers ``hello`` (:class:`Hello`),
-``done`` (a list of :data:`Outcome`, one per operation) or ``refused`` (one :class:`Refused`
-for the whole request: malformed, too large, fenced, another protocol), and sends ``notice``
-(empty) to its watchers after each commit that made jobs claimable. ``docs/protocol.md``
-publishes the frames with the JSON Schema of every body (:func:`schema`).
+Every message, either way, is one frame: :data:`PROTOCOL` (6 bytes), a kind (1 byte), a
+request id (8 bytes) that the answer repeats, and a JSON body (:func:`frame`, :func:`parse`).
+One frame, not four: pyzmq's multipart calls cost ten times a single send. A client sends
+``h`` hello (:class:`ClientHello`), ``a`` apply (a :class:`~objq_broker.model.ops.Session`),
+``c`` claim (a :class:`WaitingClaim`) or ``w`` watch (empty); the broker answers ``H`` hello
+(:class:`Hello`), ``D`` done (a list of :data:`Outcome`, one per operation) or ``R`` refused
+(one :class:`Refused` for the whole request: malformed, too large, fenced, another protocol),
+and sends ``N`` notice (empty) to its watchers after each commit that made jobs claimable.
+``docs/protocol.md`` publishes the messages with the JSON Schema of every body (:func:`schema`).
 
 A request is a :class:`~objq_broker.model.ops.Session`: the client's id, the request's number,
 and its operations (:mod:`objq_broker.model.ops`, tagged msgspec structs); the broker decodes
@@ -20,6 +21,7 @@ type says, or the error that refused it (its class name, from the one tree in
 
 from __future__ import annotations
 
+import functools
 import typing
 from collections.abc import Sequence
 from typing import Annotated, Any, TypeVar
@@ -32,13 +34,34 @@ from objq_broker.model.checks import UNDECODABLE
 
 T = TypeVar("T")
 
-#: The first frame of every message: the protocol and its version. A broker answers a client of
-#: another version with one ``refused`` frame that names both.
+#: The start of every message: the protocol and its version. A broker answers a client of
+#: another version with one ``refused`` message that names both.
 PROTOCOL = b"objq/1"
 #: What a client asks.
-HELLO, APPLY, CLAIM, WATCH = b"hello", b"apply", b"claim", b"watch"
+HELLO, APPLY, CLAIM, WATCH = b"h", b"a", b"c", b"w"
 #: What a broker answers.
-DONE, REFUSED, NOTICE = b"done", b"refused", b"notice"
+ANSWER_HELLO, DONE, REFUSED, NOTICE = b"H", b"D", b"R", b"N"
+#: Bytes before the body: the protocol, the kind, the request id.
+HEADER_BYTES = len(PROTOCOL) + 1 + 8
+
+
+def frame(kind: bytes, rid: bytes, body: bytes) -> bytes:
+    """One message: ``kind`` (1 byte) of request ``rid`` (8 bytes) with ``body``."""
+    return b"".join((PROTOCOL, kind, rid, body))
+
+
+def parse(message: bytes) -> tuple[bytes, bytes, bytes]:
+    """``(kind, rid, body)`` of a message; :class:`ConfigurationError` naming the protocol
+    spoken when it is not this one (or no message of any protocol)."""
+    if len(message) < HEADER_BYTES or not message.startswith(PROTOCOL):
+        spoken = message[: len(PROTOCOL)].decode("utf-8", "replace")
+        raise errors.ConfigurationError(
+            f"objq broker speaks {PROTOCOL.decode()}, the client {spoken!r}: upgrade the older side"
+        )
+    start = len(PROTOCOL)
+    return message[start : start + 1], message[start + 1 : HEADER_BYTES], message[HEADER_BYTES:]
+
+
 #: Largest request a broker takes unless told otherwise; its hello says what it takes.
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 _encoder = msgspec.json.Encoder()
@@ -175,10 +198,15 @@ def decode_response(data: bytes, batch: Sequence[ops.Op[Any]]) -> list[tuple[boo
     decoded: list[tuple[bool, Any]] = []
     for op, outcome in zip(batch, outcomes, strict=True):
         if isinstance(outcome, Done):
-            decoded.append((True, msgspec.json.decode(outcome.value, type=result_type(type(op)))))
+            decoded.append((True, _result_decoder(type(op)).decode(outcome.value)))
         else:
             decoded.append((False, error_of(outcome)))
     return decoded
+
+
+@functools.cache
+def _result_decoder(op_type: type[ops.Op[Any]]) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(result_type(op_type))
 
 
 def decode_refused(data: bytes) -> errors.ObjqError:
@@ -223,6 +251,10 @@ def schema() -> dict[str, Any]:
     )
     return {
         "protocol": PROTOCOL.decode(),
+        "kinds": {
+            "client": {"h": "hello", "a": "apply", "c": "claim", "w": "watch"},
+            "broker": {"H": "hello", "D": "done", "R": "refused", "N": "notice"},
+        },
         "bodies": dict(zip(kinds, schemas, strict=True)),
         "$defs": refs,
     }

@@ -65,11 +65,11 @@ def test_hundreds_of_idle_followers_leave_a_new_client_answered_at_once(tmp_path
                 peer = context.socket(zmq.DEALER)
                 peer.setsockopt(zmq.LINGER, 0)
                 peer.connect(f"tcp://{address}")
-                peer.send_multipart([wire.PROTOCOL, wire.WATCH, wire.request_id(0), b""])
+                peer.send(wire.frame(wire.WATCH, wire.request_id(0), b""))
                 if n < WAITING_CLAIMS:
                     claim = Session(f"idle{n}", 1, [ops.claim(["q"], 1, owner=f"idle{n}")])
                     body = wire.encode_claim(claim, 30.0)
-                    peer.send_multipart([wire.PROTOCOL, wire.CLAIM, wire.request_id(1), body])
+                    peer.send(wire.frame(wire.CLAIM, wire.request_id(1), body))
                 peers.append(peer)
             time.sleep(1.0)  # let the broker take them all
 

@@ -22,10 +22,10 @@ def test_a_client_of_another_protocol_version_is_refused_with_both_versions_name
     peer = context.socket(zmq.DEALER)
     try:
         peer.connect(f"tcp://127.0.0.1:{server.port}")
-        peer.send_multipart([b"objq/2", wire.HELLO, wire.request_id(7), b"{}"])
+        peer.send(b"objq/2" + wire.HELLO + wire.request_id(7) + b"{}")
         assert peer.poll(5000), "the broker must answer, never drop the client silently"
-        protocol, kind, rid, body = peer.recv_multipart()
-        assert (protocol, kind, rid) == (wire.PROTOCOL, wire.REFUSED, wire.request_id(7))
+        kind, _, body = wire.parse(peer.recv())
+        assert kind == wire.REFUSED
         error = wire.decode_refused(body)
         assert isinstance(error, ConfigurationError)
         assert "objq/1" in str(error) and "objq/2" in str(error)
@@ -50,25 +50,26 @@ def test_malformed_requests_are_refused_and_the_broker_serves_on() -> None:
     try:
         peer.connect(f"tcp://127.0.0.1:{server.port}")
         bad = [
-            [wire.PROTOCOL, wire.APPLY, wire.request_id(1), b"not json"],
-            [wire.PROTOCOL, wire.APPLY, wire.request_id(2), b'{"client": "c", "seq": -1}'],
-            [wire.PROTOCOL, wire.CLAIM, wire.request_id(3), b"[1,2,3"],
-            [wire.PROTOCOL, b"delete-everything", wire.request_id(4), b"{}"],
+            (wire.APPLY, wire.request_id(1), b"not json"),
+            (wire.APPLY, wire.request_id(2), b'{"client": "c", "seq": -1}'),
+            (wire.CLAIM, wire.request_id(3), b"[1,2,3"),
+            (b"x", wire.request_id(4), b"{}"),  # no such kind
         ]
-        for frames in bad:
-            peer.send_multipart(frames)
-        for frames in bad:
+        for kind, rid, body in bad:
+            peer.send(wire.frame(kind, rid, body))
+        for _, sent_rid, _ in bad:
             assert peer.poll(5000)
-            _, kind, rid, body = peer.recv_multipart()
-            assert kind == wire.REFUSED and rid == frames[2]
+            kind, rid, body = wire.parse(peer.recv())
+            assert kind == wire.REFUSED and rid == sent_rid
             assert isinstance(wire.decode_refused(body), ConfigurationError)
-        peer.send_multipart([b"two", b"frames"])  # not even the protocol: answered, not fatal
-        assert peer.poll(5000)
-        assert peer.recv_multipart()[1] == wire.REFUSED
+        for junk in ([b"two", b"frames"], [b"short"]):  # not even the protocol: answered
+            peer.send_multipart(junk)
+            assert peer.poll(5000)
+            assert wire.parse(peer.recv())[0] == wire.REFUSED
         # Then a good request is still answered
-        peer.send_multipart([wire.PROTOCOL, wire.HELLO, wire.request_id(9), b'{"protocol":1}'])
+        peer.send(wire.frame(wire.HELLO, wire.request_id(9), b'{"protocol":1}'))
         assert peer.poll(5000)
-        assert peer.recv_multipart()[1] == wire.HELLO
+        assert wire.parse(peer.recv())[0] == wire.ANSWER_HELLO
     finally:
         peer.close(0)
         context.term()
