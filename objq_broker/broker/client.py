@@ -220,7 +220,12 @@ class BrokerLink:
             if self._denied is not None:
                 raise self._denied
             self._calls[rid] = call
-        self._send(wire.frame(kind, rid, body))
+        try:
+            self._send(wire.frame(kind, rid, body))
+        except BrokerUnreachable:
+            with self._lock:
+                self._calls.pop(rid, None)
+            raise
         if not call.done.acquire(timeout=timeout):
             with self._lock:
                 self._calls.pop(rid, None)
