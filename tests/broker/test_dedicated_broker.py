@@ -1,4 +1,4 @@
-"""A dedicated broker (``objq broker``, a real process) committing for clients over gRPC.
+"""A dedicated broker (``objq broker``, a real process) committing for clients over libzmq.
 
 Clients are ``Queue(url, broker=address)``: every operation goes to the broker and behaves as
 in direct mode, errors included; the broker alone writes the state.
