@@ -25,6 +25,7 @@ from typing import Any
 import dramatiq
 import pytest
 from dramatiq import Worker
+from dramatiq.middleware import TimeLimit, default_middleware
 
 from objq_broker.dramatiq import ObjqBroker, ObjqRateLimiterBackend, ObjqResultBackend
 
@@ -32,6 +33,12 @@ BACKENDS = ("memory", "file")
 #: Long enough that no test's message is redelivered while its worker lives (the heartbeat
 #: keeps leases anyway); a lease that ran out would show up as a duplicate run.
 LEASE_SECONDS = 30.0
+#: TimeLimit's monitor looks at deadlines every ``interval`` ms, 1,000 by default. The suite's
+#: time-limit tests give a limit of 1 s to an actor that sleeps 2 s, so with the default the
+#: monitor has exactly one look inside that window; a look that a busy machine delays by a
+#: few milliseconds lands after the actor returned and the test sees no TimeLimitExceeded.
+#: A tenth of that interval leaves ten looks in the window.
+TIME_LIMIT_INTERVAL_MS = 100
 REPORT_ENV = "OBJQ_SUITE_REPORT"
 
 #: module::test -> why it cannot run on ObjqBroker. Only StubBroker internals and servers
@@ -129,8 +136,15 @@ def objq_url(objq_backend: str, tmp_path: Path) -> str:
 
 @pytest.fixture
 def stub_broker(objq_url: str) -> Iterator[ObjqBroker]:
+    middleware = [
+        TimeLimit(interval=TIME_LIMIT_INTERVAL_MS) if kind is TimeLimit else kind()
+        for kind in default_middleware
+    ]
     broker = ObjqBroker(
-        url=objq_url, lease_seconds=LEASE_SECONDS, fail_fast_default=FAIL_FAST_DEFAULT
+        url=objq_url,
+        lease_seconds=LEASE_SECONDS,
+        fail_fast_default=FAIL_FAST_DEFAULT,
+        middleware=middleware,
     )
     broker.emit_after("process_boot")  # as the CLI does: starts TimeLimit's monitor thread
     dramatiq.set_broker(broker)
