@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from objq_broker import ops
 from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.batch import EngineMetrics
-from objq_broker.model.checks import checked_timeout
+from objq_broker.model.checks import checked_timeout, shown
 from objq_broker.model.ops import (
     DeadLetters,
     Expire,
@@ -215,7 +215,7 @@ class AsyncQueue:
         owner: str | None = None,
         timeout: float | None = None,
     ) -> list[Delivery]:
-        timeout = checked_timeout(timeout, f"claim from {queue!r}")
+        timeout = checked_timeout(timeout, f"claim from {shown(queue, 80)}")
         end = None if timeout is None else time.monotonic() + timeout
         event = asyncio.Event()
         waiter = (asyncio.get_running_loop(), event)
@@ -251,9 +251,9 @@ class AsyncQueue:
         await self._run(ops.ack(delivery, outcome=outcome, error=error))
 
     async def note_outcome(
-        self, job_id: str, queue: str, outcome: str, *, error: str | None = None
+        self, job_id: str, queue: str, outcome: str, *, token: str, error: str | None = None
     ) -> None:
-        await self._run(ops.note_outcome(job_id, queue, outcome, error))
+        await self._run(ops.note_outcome(job_id, queue, outcome, error, token))
 
     async def nack(
         self,

@@ -16,14 +16,20 @@ _SECRET_PARAMETER = re.compile(
 )
 #: ``user:password@`` after a scheme, anywhere in a text (an endpoint in a query string too).
 _USERINFO = re.compile(r"(://)[^/?#@\s'\"]*@")
+#: ``user:password@host`` without a scheme (``file://user:pw@/x`` read as a path, a host and
+#: port in an SDK's message): a word with a ':' and then an '@' before any space, '/' or quote.
+_BARE_USERINFO = re.compile(r"(?:(?<=[\s/'\"(=,;<\[])|^)[^\s/?#@'\":]+:[^\s/?#@'\"]*@")
 
 
 def redacted(text: str) -> str:
     """``text`` (a URL, or a message that may hold URLs) fit to print or log: no
-    ``user:password@``, and the values of query parameters that look like credentials
-    (``...secret...``, ``token``, ``password``, ``key``) replaced by ``***``. The one place
-    such text is cleaned: every objq error's message passes through it."""
-    return _SECRET_PARAMETER.sub(r"\1=***", _USERINFO.sub(r"\1", text))
+    ``user:password@`` (after a scheme or not), and the values of query parameters that look
+    like credentials (``...secret...``, ``token``, ``password``, ``key``) replaced by ``***``.
+    The one place such text is cleaned: every objq error's message passes through it."""
+    # Without a scheme the userinfo is masked, not dropped: a path or host shown without it
+    # would read as another one.
+    text = _BARE_USERINFO.sub("***@", _USERINFO.sub(r"\1", text))
+    return _SECRET_PARAMETER.sub(r"\1=***", text)
 
 
 class ObjqError(Exception):
@@ -96,6 +102,10 @@ class InvalidKey(StorageError, ValueError):
     """An object key is malformed or would escape the store's root."""
 
 
+class UnsafeStore(ConfigurationError):
+    """The store took a write whose condition did not hold: compare-and-set is not safe on it."""
+
+
 # --- state -----------------------------------------------------------------------------------
 
 
@@ -128,6 +138,11 @@ class RequestTooLarge(ConfigurationError):
 
 class QueueError(ObjqError):
     """A queue operation was refused."""
+
+
+class StateFull(QueueError):
+    """The operation would make the namespace's state larger than its readers accept
+    (``max_state_bytes``); it alone was refused, and the rest of its batch committed."""
 
 
 class QueueNotFound(QueueError, LookupError):

@@ -24,6 +24,7 @@ import msgspec
 from objq_broker.errors import ConfigurationError, storable_text
 from objq_broker.model import ops
 from objq_broker.model.checks import (
+    MAX_IDENTIFIER,
     Attempts,
     ClaimCount,
     Identifier,
@@ -34,6 +35,8 @@ from objq_broker.model.checks import (
     SignedSeconds,
     WriteRate,
     checked,
+    cut_text,
+    shown,
 )
 from objq_broker.model.records import Job, JobState, QueueConfig, RunOutcome, encode_payload
 from objq_broker.model.values import NewJob, StagedBodies, StagedRun, settings_of
@@ -85,7 +88,7 @@ def seconds(value: Delay, what: str) -> float | None:
         return value.total_seconds()
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
-    raise ConfigurationError(f"{what}: expected seconds or a timedelta, found {value!r}")
+    raise ConfigurationError(f"{what}: expected seconds or a timedelta, found {shown(value)}")
 
 
 # --- the argument bags, each checked in one conversion ---------------------------------------
@@ -123,6 +126,7 @@ class _AckArgs(msgspec.Struct, frozen=True):
 class _NoteArgs(msgspec.Struct, frozen=True):
     job_id: Identifier
     queue: QueueName
+    token: Identifier
     outcome: RunOutcome
     error: str | None = None
 
@@ -154,14 +158,14 @@ def queue_name(queue: object, what: str = "queue") -> str:
 
 
 def declare(queue: str, config: Mapping[str, Any]) -> ops.Declare:
-    where = f"declare {queue!r}"
+    where = f"declare {shown(queue, 80)}"
     name = queue_name(queue, where)
     settings = settings_of(name, QueueConfig(), dict(config)) if config else None
     return ops.Declare(name, settings)
 
 
 def configure(queue: str, changes: Mapping[str, Any]) -> ops.Configure:
-    name = queue_name(queue, f"configure {queue!r}")
+    name = queue_name(queue, f"configure {shown(queue, 80)}")
     settings_of(name, QueueConfig(), dict(changes))  # checked now, applied to the stored ones
     return ops.Configure(name, dict(changes))
 
@@ -208,7 +212,7 @@ def enqueue(
 ) -> ops.Enqueue:
     """``to_declared``: add nothing if the queue does not exist (a routed message whose
     binding outlived its queue); otherwise the queue is declared by this first use."""
-    where = f"enqueue to {queue!r}"
+    where = f"enqueue to {shown(queue, 80)}"
     args = _enqueue_args(queue, priority, delay, max_attempts, where)
     items: list[NewJob] = []
     for index, payload in enumerate(payloads):
@@ -246,7 +250,7 @@ def enqueue_staged(
     delay: Delay = None,
     max_attempts: int | None = None,
 ) -> ops.EnqueueStaged:
-    where = f"staged enqueue to {queue!r}"
+    where = f"staged enqueue to {shown(queue, 80)}"
     args = _enqueue_args(queue, priority, delay, max_attempts, where)
     items = [checked(msgspec.structs.asdict(item), StagedBodies, where) for item in staged]
     total = sum(item.count for item in items)
@@ -264,7 +268,7 @@ def enqueue_staged(
 
 
 def enqueue_runs(queue: str, runs: Sequence[StagedRun], *, write_id: str) -> ops.EnqueueRuns:
-    where = f"staged runs for {queue!r}"
+    where = f"staged runs for {shown(queue, 80)}"
     return ops.EnqueueRuns(
         queue_name(queue, where),
         [checked(msgspec.structs.asdict(run), StagedRun, where) for run in runs],
@@ -279,7 +283,7 @@ def claim(
     queues: Sequence[str], n: int, *, lease: Delay = None, owner: str, strict: bool = False
 ) -> ops.Claim:
     """``strict``: refuse a queue that is not declared (``QueueNotFound``)."""
-    where = f"claim from {list(queues)!r}"
+    where = f"claim from {shown(list(queues), 120)}"
     args = checked(
         {
             "queues": list(queues),
@@ -301,45 +305,63 @@ def _lease(lease: Delay, where: str) -> float | None:
 
 
 def heartbeat(held: Sequence[Delivery], *, lease: Delay = None) -> ops.Heartbeat:
-    return ops.Heartbeat([d.held for d in held], _lease(lease, "heartbeat"))
+    return ops.Heartbeat([_held(d, "heartbeat") for d in held], _lease(lease, "heartbeat"))
+
+
+def _held(delivery: Delivery, where: str) -> tuple[str, str]:
+    """The job id and lease token of ``delivery``, checked as the state holds them (a
+    delivery is made from a claim, but an application may build one)."""
+    job_id, token = delivery.held
+    for what, value in (("job id", job_id), ("lease token", token)):
+        if not isinstance(value, str) or not 0 < len(value) <= MAX_IDENTIFIER:
+            raise ConfigurationError(
+                f"{where}: {what}: expected 1-{MAX_IDENTIFIER} characters, found {shown(value)}"
+            )
+    return job_id, token
 
 
 def ack(delivery: Delivery, *, outcome: str = "done", error: str | None = None) -> ops.Ack:
-    args = checked({"outcome": outcome, "error": error}, _AckArgs, f"ack of {delivery.id}")
-    job_id, token = delivery.held
+    where = f"ack of {shown(delivery.id, 80)}"
+    args = checked({"outcome": outcome, "error": error}, _AckArgs, where)
+    job_id, token = _held(delivery, where)
     return ops.Ack(job_id, token, args.outcome, _storable(args.error))
 
 
-def note_outcome(job_id: str, queue: str, outcome: str, error: str | None) -> ops.NoteOutcome:
+def note_outcome(
+    job_id: str, queue: str, outcome: str, error: str | None, token: str
+) -> ops.NoteOutcome:
     args = checked(
-        {"job_id": job_id, "queue": queue, "outcome": outcome, "error": error},
+        {"job_id": job_id, "queue": queue, "token": token, "outcome": outcome, "error": error},
         _NoteArgs,
         "note_outcome",
     )
-    return ops.NoteOutcome(args.job_id, args.queue, args.outcome, _storable(args.error))
+    return ops.NoteOutcome(args.job_id, args.queue, args.token, args.outcome, _storable(args.error))
 
 
 def nack(
     delivery: Delivery, *, error: str | None = None, retry: bool = True, delay: Delay = None
 ) -> ops.Nack:
-    where = f"nack of {delivery.id}"
+    where = f"nack of {shown(delivery.id, 80)}"
     args = checked(
         {"error": error, "retry": retry, "delay": seconds(delay, f"{where}: delay")},
         _NackArgs,
         where,
     )
-    job_id, token = delivery.held
+    job_id, token = _held(delivery, where)
     return ops.Nack(job_id, token, _storable(args.error), args.retry, _rng.random(), args.delay)
 
 
 def _storable(error: str | None) -> str | None:
-    """A job's error as the state can hold it (see :func:`~objq_broker.errors.storable_text`):
-    an error message is kept whatever it holds, never a reason for its ack to fail."""
-    return None if error is None else storable_text(error)
+    """A job's error as the state can hold it: cut to :data:`MAX_ERROR_TEXT` characters (its
+    start and its end) and UTF-8-safe (:func:`~objq_broker.errors.storable_text`). An error
+    message is kept whatever it holds, never a reason for its ack or nack to fail."""
+    # Cut again after the escapes, which may lengthen it; cut first so a huge text is not
+    # encoded whole.
+    return None if error is None else cut_text(storable_text(cut_text(error)))
 
 
 def release(held: Sequence[Delivery]) -> ops.Release:
-    return ops.Release([d.held for d in held])
+    return ops.Release([_held(d, "release") for d in held])
 
 
 # --- dead letters and reading ----------------------------------------------------------------

@@ -34,7 +34,7 @@ from objq_broker.engine.options import (
 )
 from objq_broker.engine.port import Committer
 from objq_broker.errors import LeaseLost
-from objq_broker.model.checks import checked_timeout
+from objq_broker.model.checks import checked_timeout, shown
 from objq_broker.model.records import Job, NackResult
 from objq_broker.model.values import StagedBodies, StagedRun
 from objq_broker.ops import Delay, Delivery, default_owner
@@ -222,7 +222,7 @@ class Queue(QueueAdmin):
         in the order given until ``n`` are found). With ``timeout``, wait up to that many
         seconds for at least one; without, return at once (maybe empty). Payloads kept out of
         line are read in parallel before this returns."""
-        timeout = checked_timeout(timeout, f"claim from {queue!r}")
+        timeout = checked_timeout(timeout, f"claim from {shown(queue, 80)}")
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             seen = self._commits
@@ -283,14 +283,17 @@ class Queue(QueueAdmin):
         queue: str,
         outcome: str,
         *,
+        token: str,
         error: str | None = None,
         wait: bool = True,
     ) -> None:
         """Archive that the run of job ``job_id`` of ``queue`` "failed" or was "retried" as a
         new job, for a framework that acked the job before running it (Celery's default). The
         job's own record keeps its outcome "done"; readers of the archive (``objq report``,
-        the ``objq`` Spark source) take the note's."""
-        op = ops.note_outcome(job_id, queue, outcome, error)
+        the ``objq`` Spark source) take the note's. ``token``: the lease token of the delivery
+        that ran it (``Delivery.token``); a job still queued must be held under it
+        (``LeaseLost`` otherwise)."""
+        op = ops.note_outcome(job_id, queue, outcome, error, token)
         self._settle(self.submit(op), wait, "note_outcome")
 
     def nack(

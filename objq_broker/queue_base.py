@@ -20,7 +20,7 @@ from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.base import DEFAULT_COMMIT_DEADLINE_SECONDS
 from objq_broker.engine.commit import Engine
 from objq_broker.engine.port import Committer
-from objq_broker.errors import ConfigurationError, StateCorrupt, job_error
+from objq_broker.errors import ConfigurationError, PayloadInvalid, StateCorrupt, job_error
 from objq_broker.model.ops import (
     Claim,
     Op,
@@ -172,16 +172,20 @@ class QueueBase:
         return self.committer.bodies.fill(job, lenient=lenient)
 
     def fill_deliveries(self, deliveries: list[Delivery]) -> list[Delivery]:
-        """``deliveries`` with their payloads loaded. One whose payload is missing or
-        unreadable is dead-lettered at once, saying why, and left out: the others are
+        """``deliveries`` with their payloads loaded. One whose payload is missing, unreadable
+        or cannot be decoded (a poison job: marked base64, and not) is dead-lettered at once,
+        saying why, and left out, so no consumer ever sees it: the others are
         delivered, and no attempt of theirs is spent on it. (The dead-lettering is not
         waited for: this may run on the writer thread, as a claim's callback. If it fails,
         the lease runs out and the job comes back, to the same end.)"""
         filled = []
         for delivery in deliveries:
             try:
-                filled.append(Delivery(self.fill(delivery.job), delivery.token))
-            except StateCorrupt as exc:
+                job = self.fill(delivery.job)
+                if job.b64:
+                    job.payload  # noqa: B018  (decodes, or raises PayloadInvalid)
+                filled.append(Delivery(job, delivery.token))
+            except (StateCorrupt, PayloadInvalid) as exc:
                 log.warning("dead-lettering job %s: %s", delivery.id, exc)
                 error = job_error(exc)
                 self.submit(ops.nack(delivery, error=error, retry=False)).add_done_callback(

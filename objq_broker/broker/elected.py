@@ -57,6 +57,7 @@ from objq_broker.errors import (
     QueueClosed,
     WriterFenced,
 )
+from objq_broker.model.checks import MAX_SESSION_OPS
 from objq_broker.model.ops import (
     Claim,
     Nothing,
@@ -72,8 +73,6 @@ from objq_broker.storage.base import ObjectStore
 T = TypeVar("T")
 log = logging.getLogger("objq_broker.broker")
 
-#: Most operations one session carries.
-MAX_SESSION_OPS = 5000
 #: Most payload bytes one session carries (encoded, a third more): well under what a broker
 #: takes in one request (:data:`~objq_broker.broker.wire.MAX_REQUEST_BYTES`).
 MAX_SESSION_PAYLOAD_BYTES = wire.MAX_REQUEST_BYTES // 4

@@ -20,6 +20,12 @@ from dataclasses import dataclass
 
 from objq_broker.errors import ConfigurationError
 
+#: The shortest token a broker beyond loopback takes: anyone who can read the bucket can test
+#: guesses offline against the broker's public key, at scrypt's cost per guess, and 16
+#: characters of ``secrets.token_urlsafe`` carry 96 bits.
+MIN_TOKEN_CHARS = 16
+#: How to make a good token, said when one is refused.
+TOKEN_ADVICE = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 #: scrypt's cost: about 30 ms once per process and token, and as much per guess for anyone
 #: who captured a handshake and tries tokens offline.
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1}
@@ -68,10 +74,20 @@ def is_loopback(address: str) -> bool:
 
 
 def require_token(listen: str, token: str | None) -> None:
-    """Refuse to serve beyond loopback without a shared token."""
-    if not token and not is_loopback(listen):
+    """Refuse to serve beyond loopback without a shared token of
+    :data:`MIN_TOKEN_CHARS` characters or more (blanks not counted)."""
+    if is_loopback(listen):
+        return
+    if not token:
         raise ConfigurationError(
             f"broker_listen {listen!r} is beyond loopback: a shared token is needed "
             "(broker_token= or $OBJQ_BROKER_TOKEN), since anyone who can read the bucket can "
             "read the broker's address"
+        )
+    if len(token.strip()) < MIN_TOKEN_CHARS:
+        raise ConfigurationError(
+            f"broker_token: expected at least {MIN_TOKEN_CHARS} characters (not counting "
+            f"blanks) for broker_listen {listen!r}, which is beyond loopback; found "
+            f"{len(token.strip())}. Anyone who can read the bucket can test guesses offline; "
+            f"make one with {TOKEN_ADVICE}"
         )

@@ -14,7 +14,7 @@ import os
 import sys
 import traceback
 
-from objq_broker.errors import ConfigurationError, ObjqError, missing_extra
+from objq_broker.errors import ConfigurationError, ObjqError, missing_extra, redacted
 
 #: Exit statuses.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -113,7 +113,8 @@ def _report(exc: BaseException, debug: bool) -> int:
     from objq_broker.cli.output import Cancelled, UsageError
 
     if debug:
-        traceback.print_exception(exc)
+        # An SDK's own messages in the chain quote endpoints as given, user:password@ too.
+        sys.stderr.write(redacted("".join(traceback.format_exception(exc))))
     if isinstance(exc, KeyboardInterrupt):
         sys.stderr.write("objq: interrupted\n")
         return EXIT_ERROR
@@ -140,7 +141,7 @@ def _report(exc: BaseException, debug: bool) -> int:
 def _one_line(exc: BaseException) -> str:
     from objq_broker.cli.output import printable
 
-    text = str(exc) or type(exc).__name__
+    text = redacted(str(exc) or type(exc).__name__)  # not every error is objq's, redacted
     return printable(" ".join(text.split()))  # a message may quote what the store holds
 
 

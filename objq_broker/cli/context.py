@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,6 +15,7 @@ from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import BucketNotFound
 from objq_broker.queue import Queue
 from objq_broker.storage import ObjectStore, open_store
+from objq_broker.storage.url import file_directory
 
 
 def open_existing(url: str) -> ObjectStore:
@@ -23,10 +23,11 @@ def open_existing(url: str) -> ObjectStore:
     refusing a local directory that does not exist: a file store would create it (when its
     parent exists), and the command would then report an empty queue, or leave an empty
     directory behind, for what is most likely a typo."""
-    parts = urlsplit(url)
-    if parts.scheme.lower() == "file":
-        folder = Path(parts.netloc + parts.path)
-        if parts.netloc + parts.path and not folder.is_dir():
+    if urlsplit(url).scheme.lower() == "file":
+        # Checked as a writer's open_store checks it (no credentials, no host part) before
+        # the path is built: a refused URL is quoted redacted, never as a path.
+        folder = file_directory(url)
+        if not folder.is_dir():
             raise BucketNotFound(
                 f"file store {str(folder.absolute())!r}: expected an existing directory, "
                 "found none (objq declare, enqueue, worker or demo creates one)"

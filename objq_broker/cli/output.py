@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from objq_broker.errors import redacted
+
 #: Seconds between two redraws of a progress bar (drawing costs more than the work it shows).
 PROGRESS_REDRAW_SECONDS = 0.1
 #: Characters of the bar itself.
@@ -57,10 +59,15 @@ def printable(text: object) -> str:
 
 class EscapingFormatter(logging.Formatter):
     """A log formatter whose messages go through :func:`printable` (they may quote what the
-    store holds); a traceback keeps its lines."""
+    store holds) and, with their tracebacks, through :func:`~objq_broker.errors.redacted`; a
+    traceback keeps its lines."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return printable(super().formatMessage(record))
+        return printable(redacted(super().formatMessage(record)))
+
+    def formatException(self, ei: Any) -> str:
+        # A logged traceback's SDK messages quote endpoints as given, user:password@ too.
+        return redacted(super().formatException(ei))
 
 
 def print_json(value: Any, stream: TextIO | None = None) -> None:

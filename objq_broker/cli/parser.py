@@ -134,6 +134,29 @@ def _reading_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     sub.add_argument("--price-per-1000-puts", type=values.price, metavar="USD")
     sub.add_argument("--price-per-1000-gets", type=values.price, metavar="USD")
+    from objq_broker.cli import checkstore
+    from objq_broker.storage.probe import DEFAULT_ROUNDS, DEFAULT_WRITERS
+
+    sub = _add(
+        commands,
+        common,
+        "check-store",
+        checkstore.cmd_check_store,
+        "check that the store enforces conditional writes (compare-and-set)",
+    )
+    sub.add_argument("store_url", nargs="?", metavar="URL", help="the store (default: --url)")
+    sub.add_argument(
+        "--writers",
+        type=values.whole(2, 64),
+        default=DEFAULT_WRITERS,
+        help=f"writers racing each round ({DEFAULT_WRITERS})",
+    )
+    sub.add_argument(
+        "--rounds",
+        type=values.whole(1, 1000),
+        default=DEFAULT_ROUNDS,
+        help=f"rounds of the race ({DEFAULT_ROUNDS})",
+    )
     jobs = _group(commands, common, "jobs", "list or show jobs")
     sub = _add(jobs, common, "list", inspect.cmd_jobs_list, "jobs of a queue, in claim order")
     sub.add_argument("queue")

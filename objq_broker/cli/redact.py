@@ -12,7 +12,8 @@ would hand the worker's credentials to all of them. A :class:`Redactor` replaces
 - assignments to secret-looking names: ``aws_secret_access_key = ...``, ``PASSWORD=...``,
   ``"api_key": "..."``, ``X-Api-Key: ...``;
 - the value of an ``Authorization`` header, whatever its scheme, and ``Bearer`` tokens;
-- the password of a URL: ``scheme://user:password@host`` becomes ``scheme://user:***@host``;
+- the password of a URL: ``scheme://user:password@host`` becomes ``scheme://user:***@host``,
+  and ``user:password@host`` without a scheme likewise;
 - PEM private key blocks, whole, and the part of one that a cut left.
 
 Then :meth:`Redactor.stored` keeps the end of what is left up to a length, saying in the text
@@ -72,6 +73,11 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     (re.compile(r"\b(Bearer[ \t]+)[A-Za-z0-9._~+/=-]{8,}"), rf"\1{MASK}"),
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@]*):[^/\s@]+@"), rf"\1:{MASK}@"),
+    # The same without a scheme: ``user:password@host`` in a path or a host:port.
+    (
+        re.compile(r"((?:(?<=[\s/'\"(=,;<\[])|^)[^\s/?#@'\":]+):[^\s/?#@'\"]+@"),
+        rf"\1:{MASK}@",
+    ),
 )
 
 

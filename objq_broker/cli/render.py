@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 from objq_broker.cli.output import printable
+from objq_broker.errors import PayloadInvalid
 from objq_broker.model.records import Job
 
 
@@ -46,6 +46,12 @@ def payload_preview(job: Job, width: int = 40) -> str:
     """The start of the payload on one line, escaped for a terminal (see ``printable``)."""
     if job.ref is not None and not job.body:
         return printable(f"<{job.ref}>")
-    text = job.body if not job.b64 else f"<{len(base64.b64decode(job.body))} bytes>"
+    if not job.b64:
+        text = job.body
+    else:
+        try:
+            text = f"<{len(job.payload)} bytes>"
+        except PayloadInvalid:  # a poison job: its raw text, said so
+            text = f"<not base64> {job.body}"
     text = printable(text.replace("\n", " "))
     return text if len(text) <= width else text[: width - 1] + "…"

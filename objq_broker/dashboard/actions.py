@@ -157,7 +157,12 @@ async def _form(request: Request) -> Form:
 
 
 def _one(form: Form, name: str) -> str | None:
+    """The form's one ``name`` field. Two are refused: a proxy, a browser and this server
+    may each take another of them (the first, the last), and the token, the CSRF token and
+    the address to go to next must mean one thing to all."""
     values = form.get(name)
+    if values and len(values) > 1:
+        raise ValueError(f"form: expected at most one {name!r} field, found {len(values)}")
     return values[0] if values else None
 
 

@@ -138,8 +138,13 @@ def create_app(store: ObjectStore, settings: DashboardSettings | None = None) ->
     return app
 
 
+#: The body of an answer to a request that failed unexpectedly (the log has the traceback).
+_SERVER_ERROR = b"Internal Server Error"
+
+
 class SecurityHeaders:
-    """Adds :data:`SECURITY_HEADERS` to every HTTP response."""
+    """Adds :data:`SECURITY_HEADERS` to every HTTP response, a 500 for an unexpected error
+    included."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -149,12 +154,34 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
 
+        started = False
+
         async def with_headers(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
             await send(message)
 
-        await self.app(scope, receive, with_headers)
+        try:
+            await self.app(scope, receive, with_headers)
+        except Exception:
+            if started:
+                raise
+            # Starlette's error middleware wraps every other one: its own 500 would go out
+            # without these headers. Answer here; it sees the answer started and only logs.
+            await with_headers(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [
+                        (b"content-type", b"text/plain; charset=utf-8"),
+                        (b"content-length", str(len(_SERVER_ERROR)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": _SERVER_ERROR})
+            raise
 
 
 # --- templates -----------------------------------------------------------------------------

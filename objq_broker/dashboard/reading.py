@@ -27,7 +27,7 @@ from objq_broker.engine.archive import (
     TAIL_KEY,
 )
 from objq_broker.engine.snapshot import ACTIVE_CLIENT_SECONDS, Snapshot
-from objq_broker.errors import QueueNotFound
+from objq_broker.errors import PayloadInvalid, QueueNotFound
 from objq_broker.model.records import BrokerRecord, Job, JobState
 from objq_broker.model.workers import Worker, WorkerStatus
 from objq_broker.storage import ObjectStore
@@ -216,7 +216,8 @@ def _row(state: str, job: Job) -> JobRow:
     if job.ref is not None and not job.body:
         return JobRow(state, job, None, f"<{job.ref}>")
     if job.b64:
-        return JobRow(state, job, None, f"<{len(job.payload):,} bytes>")
+        size = len(job.shown_payload)
+        return JobRow(state, job, None, f"<{size:,} bytes{_INVALID if _poison(job) else ''}>")
     text = " ".join(job.body.split())
     cut = text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
     return JobRow(state, job, task_name(job.payload), cut)
@@ -262,5 +263,17 @@ def job_detail(state: str, job: Job, read_at: float, **where: str) -> JobDetail:
     and commit, for an archived record)."""
     if job.ref is not None and not job.body:  # an archived record keeps no out-of-line body
         return JobDetail(state, job, None, None, read_at, **where)
-    payload = job.payload
+    payload = job.shown_payload  # a poison job's raw bytes: what a reader can be shown
     return JobDetail(state, job, show_payload(payload), decode_message(payload), read_at, **where)
+
+
+#: How a row marks a job whose body is marked base64 and is not (consumers dead-letter it).
+_INVALID = ", marked base64 but not"
+
+
+def _poison(job: Job) -> bool:
+    try:
+        job.payload  # noqa: B018  (decodes, or raises)
+    except PayloadInvalid:
+        return True
+    return False

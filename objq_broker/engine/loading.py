@@ -10,11 +10,11 @@ import uuid
 from typing import Any
 
 from objq_broker.engine.batch import Attempt, Pending
-from objq_broker.engine.runs import read_runs
+from objq_broker.engine.runs import check_staged, read_runs
 from objq_broker.engine.writing import StateWriter
-from objq_broker.errors import ObjqError, PreconditionFailed, StateCorrupt, WriterFenced
+from objq_broker.errors import ObjqError, PreconditionFailed, WriterFenced
 from objq_broker.model.encoding import decode_state
-from objq_broker.model.ops import Op, runs_needed
+from objq_broker.model.ops import EnqueueRuns, Op, Session, runs_needed
 from objq_broker.model.records import KeyRunRef, RunRef
 from objq_broker.model.state import QueueState
 
@@ -157,15 +157,41 @@ class StateLoader(StateWriter):
             spare = [k for k in cache if k not in keep]
             for key in spare[: max(len(cache) - RUN_CACHE_SIZE, 0)]:
                 del cache[key]  # the oldest read first
-        missing = read_runs(self.store, state, needed) if needed else []
+        missing, broken = read_runs(self.store, state, needed) if needed else ([], {})
+        state.unreadable_runs = self._check_staged(ops)
+        for key, reason in broken.items():
+            self._lose_run(state, key, reason, now)
         if not missing:
             self._runs_missing = None
             return
-        where = f"{self.store.url}: runs {', '.join(missing)}"
-        if missing == self._runs_missing:
-            raise StateCorrupt(f"{where}: expected as the state refers to them, found none")
-        self._runs_missing = missing
-        raise PreconditionFailed(f"{where} are gone: the state moved on; reading it again")
+        if missing != self._runs_missing:
+            self._runs_missing = missing
+            where = f"{self.store.url}: runs {', '.join(missing)}"
+            raise PreconditionFailed(f"{where} are gone: the state moved on; reading it again")
+        # Read again from storage, the state still refers to them: they are lost, not taken.
+        self._runs_missing = None
+        for key in missing:
+            self._lose_run(state, key, "the state refers to it, storage holds no such object", now)
+
+    def _lose_run(self, state: QueueState, key: str, reason: str, now: float) -> None:
+        log.error(
+            "%s: run %s cannot be read (%s); its jobs are dropped, an archived record names it",
+            self.store.url,
+            key,
+            reason,
+        )
+        state.lose_run(key, reason, now)
+
+    def _check_staged(self, ops: list[Pending]) -> dict[str, str]:
+        """Why each run a staged write of ``ops`` names cannot be added (see
+        :func:`~objq_broker.engine.runs.check_staged`)."""
+        unreadable: dict[str, str] = {}
+        for pending in ops:
+            inner = pending.op.ops if isinstance(pending.op, Session) else [pending.op]
+            for op in inner:
+                if isinstance(op, EnqueueRuns):
+                    unreadable |= check_staged(self.store, op.queue, op.runs)
+        return unreadable
 
 
 def _cached(state: QueueState, ref: RunRef | KeyRunRef) -> bool:

@@ -14,6 +14,7 @@ from objq_broker.engine.base import MAX_IDLE_TICK_SECONDS
 from objq_broker.engine.batch import Attempt, Pending
 from objq_broker.engine.budget import budget_wait
 from objq_broker.engine.loading import StateLoader
+from objq_broker.engine.oversize import StateTooLarge, refuse_largest
 from objq_broker.errors import (
     AccessDenied,
     BucketNotFound,
@@ -22,6 +23,7 @@ from objq_broker.errors import (
     PreconditionFailed,
     QueueError,
     StateCorrupt,
+    StateFull,
     StorageError,
     StorageUnavailable,
     WriterFenced,
@@ -40,6 +42,11 @@ CONFLICT_JITTER_SECONDS = 0.003
 CONTENDED_SECONDS = 1.0
 #: Longest adaptive wait for a batch to fill (see ``Engine._linger``).
 ADAPTIVE_LINGER_MAX_SECONDS = 0.02
+#: Why a batch that adds nothing still cannot be stored.
+_NO_ROOM = (
+    "though nothing in its batch adds to it: raise max_state_bytes for every process, or "
+    "restore the state from a backup"
+)
 #: Errors that no retry can fix: fail the batch at once (a store's SDK refusing the bucket
 #: name or endpoint is a ``ConfigurationError``).
 _FATAL = (StateCorrupt, AccessDenied, BucketNotFound, WriterFenced, ConfigurationError)
@@ -47,6 +54,9 @@ _FATAL = (StateCorrupt, AccessDenied, BucketNotFound, WriterFenced, Configuratio
 
 class CommitLoop(StateLoader):
     """The layer of :class:`~objq_broker.engine.commit.Engine` that runs the writer thread."""
+
+    #: Operations of the batch being committed refused as making the state too large.
+    _refused = 0
 
     def _run(self) -> None:
         try:
@@ -172,6 +182,7 @@ class CommitLoop(StateLoader):
         deadline = time.monotonic() + self.commit_deadline_seconds
         # Left by a batch that gave up: those writes may still land, so their objects stay.
         self._failed_tries = []
+        self._refused = 0  # operations refused as making the state too large
         tries = 0
         while True:
             tries += 1
@@ -217,6 +228,17 @@ class CommitLoop(StateLoader):
                     )
                 )
 
+    def _make_room(self, live: list[Pending], exc: StateTooLarge, refused: int) -> int:
+        """After a try whose state was too large: refuse what grew it (twice as many as
+        before, at least one) and return how many are refused now. When nothing left in
+        ``live`` adds to the state, fail it all (``live`` is emptied)."""
+        self._invalidate()
+        count = refuse_largest(live, max(refused, 1), exc, self.store.url)
+        if count == 0:  # no try can do better
+            self._fail(live, StateFull(f"{self.store.url}: {exc}, {_NO_ROOM}"))
+            live.clear()
+        return refused + count
+
     def _note_failure(self, exc: StorageError, deadline: float) -> float:
         """Count a failed try and drop the cache; returns the batch's deadline, restarted when
         the previous conflict turned out to be another writer's progress."""
@@ -252,6 +274,9 @@ class CommitLoop(StateLoader):
         if state.dirty:
             try:
                 self._write(state, attempt)
+            except StateTooLarge as exc:
+                self._refused = self._make_room(live, exc, self._refused)
+                return not live  # settled when nothing is left to commit
             except StorageError as exc:
                 # Even a refused condition may hide a landed write: an SDK that retried a
                 # timed-out PUT gets 412 from its own first attempt. Look before re-applying.

@@ -1,9 +1,10 @@
 """Reading runs (the backlog kept out of the state's head, ``docs/segments.md``) for the model.
 
 Runs never change once written, so what has been read is kept for as long as the state refers
-to it. A run the state refers to but storage no longer holds means the state read was older
-than the commit that consumed the run: the caller reads the state again. Several runs are read
-in parallel: on S3 or GCS each read is a round trip.
+to it. A run the state refers to but storage no longer holds usually means the state read was
+older than the commit that consumed the run: the caller reads the state again, and only a run
+still missing then is lost (as is one that does not decode). Several runs are read in
+parallel: on S3 or GCS each read is a round trip.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from objq_broker.engine.janitor import Janitor
+from objq_broker.errors import StateCorrupt
 from objq_broker.model.records import Job, KeyRecord, KeyRunRef, RunRef
 from objq_broker.model.runs import decode_key_run, decode_run
 from objq_broker.model.state import QueueState
+from objq_broker.model.values import StagedRun
 from objq_broker.storage.base import ObjectStore
 
 #: Most runs read at once.
@@ -25,11 +28,16 @@ READ_THREADS = 8
 MERGE_AT = 4
 
 
+#: What reading runs found wrong: the keys of those not found, and why each of those that do
+#: not decode (or do not hold what the head says) cannot be used.
+Unread = tuple[list[str], dict[str, str]]
+
+
 def read_runs(
     store: ObjectStore, state: QueueState, runs: Sequence[tuple[str, RunRef | KeyRunRef]]
-) -> list[str]:
+) -> Unread:
     """Read those of ``runs`` (queue, ref) not read yet into ``state.run_contents`` (key runs
-    into ``state.key_contents``); the keys of those not found."""
+    into ``state.key_contents``); what could not be read."""
     return read_into(store, runs, state.run_contents, state.key_contents)
 
 
@@ -38,9 +46,9 @@ def read_into(
     runs: Sequence[tuple[str, RunRef | KeyRunRef]],
     contents: dict[str, list[Job]],
     keys: dict[str, dict[str, KeyRecord]],
-) -> list[str]:
+) -> Unread:
     """Read those of ``runs`` (queue, ref) not in ``contents`` (key runs: ``keys``) into it;
-    the keys of those not found."""
+    what could not be read."""
     unread = [
         (queue, ref) for queue, ref in runs if ref.key not in contents and ref.key not in keys
     ]
@@ -55,14 +63,35 @@ def read_into(
     else:
         found = [read(run) for run in unread]
     missing: list[str] = []
+    broken: dict[str, str] = {}
     for (queue, _), (ref, data) in zip(unread, found, strict=True):
-        if data is None:
-            missing.append(ref.key)
-        elif isinstance(ref, KeyRunRef):
-            keys[ref.key] = decode_key_run(ref, queue, data)
-        else:
-            contents[ref.key] = decode_run(ref, queue, data)
-    return missing
+        try:
+            if data is None:
+                missing.append(ref.key)
+            elif isinstance(ref, KeyRunRef):
+                keys[ref.key] = decode_key_run(ref, queue, data)
+            else:
+                contents[ref.key] = decode_run(ref, queue, data)
+        except StateCorrupt as exc:
+            broken[ref.key] = str(exc)
+    return missing, broken
+
+
+def check_staged(store: ObjectStore, queue: str, runs: Sequence[StagedRun]) -> dict[str, str]:
+    """Why each of ``runs`` (written ahead of a staged write to ``queue``) cannot be added:
+    not stored, or not decoding as the run it says it is. Read and thrown away: a staged
+    run's jobs are numbered from 0 until the write gives them their place."""
+    unreadable: dict[str, str] = {}
+    for run in runs:
+        blob = store.read(run.key)
+        if blob is None:
+            unreadable[run.key] = "expected a run object stored ahead of the write, found none"
+            continue
+        try:
+            decode_run(run.ref(), queue, blob.data)
+        except StateCorrupt as exc:
+            unreadable[run.key] = str(exc)
+    return unreadable
 
 
 class MergeReads:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.guard import STATE_KEY, StateGuard
 from objq_broker.engine.runs import read_into, read_runs
-from objq_broker.errors import StorageError
 from objq_broker.model.encoding import decode_state
 from objq_broker.model.records import (
     ArchiveRecord,
@@ -165,7 +164,9 @@ class Snapshot:
         read means workers moved on: this snapshot then reads the state again, becoming a
         view of a later moment, and reads what that one refers to."""
         for _ in range(RUN_READ_TRIES):
-            missing = read_runs(self.store, self._state, needs(self._state))
+            missing, broken = read_runs(self.store, self._state, needs(self._state))
+            for key, reason in broken.items():  # never readable: shown without it
+                self._state.lose_run(key, reason, self.read_at)
             if not missing:
                 return
             later = Snapshot.read(self.store)
@@ -176,10 +177,9 @@ class Snapshot:
                 later.read_at,
             )
             self.exists = later.exists
-        raise StorageError(
-            f"{self.store.url}: runs {', '.join(missing)} were consumed each time after the "
-            f"state was read ({RUN_READ_TRIES} times); try again"
-        )
+        # Still referred to after as many reads: lost, as the next commit will find them.
+        for key in missing:
+            self._state.lose_run(key, "storage holds no such object", self.read_at)
 
     def dead_letters(self, queue: str) -> list[Job]:
         self._read(lambda s: s.dead_runs_of(queue))
@@ -234,7 +234,8 @@ def run_rows(
     ``read_at``) with their state then; none when the run is gone: it was consumed whole
     since the snapshot (its jobs were claimed after that moment)."""
     contents: dict[str, list[Job]] = {}
-    if read_into(store, [(queue, ref)], contents, {}):
+    missing, broken = read_into(store, [(queue, ref)], contents, {})
+    if missing or broken:
         return []
     jobs = contents[ref.key][ref.taken :]
     if ref.kind == "dead":

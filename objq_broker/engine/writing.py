@@ -17,6 +17,7 @@ from objq_broker.engine.archive import plan_archive
 from objq_broker.engine.base import EngineBase
 from objq_broker.engine.batch import Attempt
 from objq_broker.engine.bindings import unbind_queues
+from objq_broker.engine.oversize import StateTooLarge, check_size
 from objq_broker.engine.runs import MERGE_AT
 from objq_broker.errors import ObjqError
 from objq_broker.model.bodies import bodies_key, encode_bodies
@@ -24,6 +25,7 @@ from objq_broker.model.encoding import check_encoded, encode_archive
 from objq_broker.model.records import RECENT_COMMITS, ArchiveRecord, Job, StateDoc
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs, run_key
 from objq_broker.model.state import QueueState
+from objq_broker.storage.probe import require_conditions
 
 log = logging.getLogger("objq_broker.engine")
 
@@ -37,6 +39,8 @@ class StateWriter(EngineBase):
     and state."""
 
     def _write(self, state: QueueState, attempt: Attempt) -> None:
+        if self._version is None:  # the namespace's first state: only on a store that CASes
+            require_conditions(self.store, self.key)
         doc = state.doc
         now = self.clock()
         doc.version += 1
@@ -53,6 +57,13 @@ class StateWriter(EngineBase):
             self._write_archive(doc, attempt, now)
         data = state.encode()
         check_encoded(data, f"state {self.store.url}/{self.key}")
+        try:
+            check_size(len(data), self.max_state_bytes, attempt.results)
+        except StateTooLarge:
+            # The loop refuses what grew it and tries again: what this try wrote ahead is
+            # referred to by nothing stored.
+            self._drop_written(attempt)
+            raise
         self._state_bytes = len(data)
         if self._version is None:
             version = self.store.write(self.key, data, if_absent=True)
@@ -69,6 +80,14 @@ class StateWriter(EngineBase):
             self._after_write(state)
         except Exception:  # the commit landed: what follows only tidies up after it
             log.exception("tidying up after a commit on %s failed", self.store.url)
+
+    def _drop_written(self, attempt: Attempt) -> None:
+        """Delete what ``attempt`` wrote ahead of a state it will not write, except what an
+        earlier failed try wrote (that try may yet land)."""
+        kept = {key for tried in self._failed_tries for key in tried.contents}
+        for key in attempt.written:
+            if key not in kept:
+                self._delete_quietly(key, "object of a try refused as too large")
 
     def _write_archive(self, doc: StateDoc, attempt: Attempt, now: float) -> None:
         """Put the records of the jobs this commit finishes in the state's archive tail, and

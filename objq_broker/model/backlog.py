@@ -28,7 +28,7 @@ from objq_broker.model.runs import (
     small_runs,
     take_due,
 )
-from objq_broker.model.values import key_slot, with_id
+from objq_broker.model.values import Finished, key_slot, with_id
 
 
 class BacklogState(IndexedState):
@@ -335,6 +335,38 @@ class BacklogState(IndexedState):
             self.dirty = True
         for queue in {queue for queue, _ in expired}:
             self._drop_emptied(self.doc.dead_runs, queue)
+
+    def lose_run(self, key: str, reason: str, now: float) -> None:
+        """Drop the run ``key`` that storage no longer holds, or that does not decode: the
+        jobs it held cannot even be named, so an archived record (id: the run's key) names
+        its queue and how many jobs it held, with ``reason``, and the queue flows on without
+        them. A lost key run forgets its idempotency keys (a duplicate is then taken as new)."""
+        for runs, what in ((self.doc.runs, "run"), (self.doc.dead_runs, "dead run")):
+            for queue, refs in list(runs.items()):
+                lost = next((ref for ref in refs if ref.key == key), None)
+                if lost is None:
+                    continue
+                refs.remove(lost)
+                if not refs:
+                    del runs[queue]
+                if runs is self.doc.runs:
+                    self._runs.pop(queue, None)
+                    if refs:
+                        self._runs[queue] = RunMerge(refs)
+                error = f"{what} {key} of {lost.remaining} jobs lost: {reason}"
+                record = Job(key, queue, "", 0, now, now, 1, finished_at=now, error=error)
+                self.finished.append(Finished("dead", record))
+                self.dirty = True
+                return
+        for queue, key_refs in list(self.doc.key_runs.items()):
+            if any(ref.key == key for ref in key_refs):
+                left = [ref for ref in key_refs if ref.key != key]
+                if left:
+                    self.doc.key_runs[queue] = left
+                else:
+                    del self.doc.key_runs[queue]
+                self.dirty = True
+                return
 
     def _drop_runs(self, queue: str) -> int:
         """Remove every run of ``queue``; returns how many jobs they still held."""

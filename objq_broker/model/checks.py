@@ -37,6 +37,17 @@ PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 MAX_CLAIM = 100_000
 #: Most entries one staged bodies object may hold (a Spark partition writes several objects).
 MAX_STAGED_ENTRIES = 1_000_000
+#: Longest error text a job keeps. The frameworks cut theirs to 2,000 characters; the API cuts a
+#: longer one in the middle (:func:`cut_text`), keeping its start and its end, where a
+#: traceback's cause is.
+MAX_ERROR_TEXT = 8192
+#: Most operations one broker session carries.
+MAX_SESSION_OPS = 5000
+#: Most items one operation lists: jobs enqueued at once, leases renewed or released, ids of
+#: dead letters, staged objects or runs.
+MAX_ITEMS = 1_000_000
+#: Highest number a client may give a session (a signed 64-bit integer, as every reader holds).
+MAX_SEQ = 2**63 - 1
 
 # Lone surrogates (a file name decoded with ``surrogateescape``) are refused: UTF-8 cannot
 # hold them, and a state that cannot be encoded fails every operation of its commit.
@@ -46,6 +57,14 @@ QueueName = Annotated[
     str, Meta(min_length=1, max_length=MAX_QUEUE_NAME, pattern=_QUEUE_NAME_PATTERN)
 ]
 Identifier = Annotated[str, Meta(min_length=1, max_length=MAX_IDENTIFIER, pattern=_TEXT_PATTERN)]
+#: A job's error text, as it may enter the state.
+ErrorText = Annotated[str, Meta(max_length=MAX_ERROR_TEXT, pattern=_TEXT_PATTERN)]
+#: The random draw a nack's backoff uses (``backoff_seconds``): 0 to 1.
+Jitter = Annotated[float, Meta(ge=0.0, le=1.0)]
+#: A session's number.
+Seq = Annotated[int, Meta(ge=0, le=MAX_SEQ)]
+#: A job id with the lease token that proves its holder.
+Held = tuple[Identifier, Identifier]
 #: A span of time that must be positive: leases, backoffs, retention.
 PositiveSeconds = Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
 #: A wait of zero or more seconds.
@@ -74,6 +93,31 @@ _PATTERNS = {
 }
 
 
+def cut_text(text: str, limit: int = MAX_ERROR_TEXT) -> str:
+    """``text`` if it has at most ``limit`` characters; otherwise its start and its end with
+    a note of how much was cut between them, at most ``limit`` characters in all."""
+    if len(text) <= limit:
+        return text
+    # The note is no longer than this (its count has at most as many digits as the length).
+    longest_note = len("\n... [ characters cut] ...\n") + len(str(len(text)))
+    keep = limit - longest_note
+    head = keep // 2
+    note = f"\n... [{len(text) - keep} characters cut] ...\n"
+    return text[:head] + note + text[len(text) - (keep - head) :]
+
+
+def shown(value: object, limit: int = 200) -> str:
+    """``repr(value)``, cut to about ``limit`` characters, for an error message: a refused
+    value of megabytes must not make a message of megabytes."""
+    if isinstance(value, str | bytes) and len(value) > limit:
+        kind = "characters" if isinstance(value, str) else "bytes"
+        return f"{value[: limit - 40]!r}... ({len(value)} {kind} in all)"
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 40]}... ({len(text)} characters in all)"
+
+
 def checked(data: Mapping[str, Any], type_: type[T], where: str) -> T:
     """``data`` converted to ``type_`` with every constraint checked (no coercion: ``"3"`` is
     not 3, ``True`` is not 1, 2.5 is not an ``int``), or :class:`ConfigurationError` saying
@@ -97,7 +141,7 @@ def _describe(exc: msgspec.ValidationError, data: Mapping[str, Any], where: str)
     path = match["path"]
     field = path.lstrip(".").split(".")[0].split("[")[0]
     found = _lookup(data, path)
-    return f"{where}: {field}: {expected}, found {found!r}"
+    return f"{where}: {field}: {expected}, found {shown(found)}"
 
 
 def _lookup(data: Any, path: str) -> Any:

@@ -8,6 +8,7 @@ import re
 from datetime import UTC, datetime
 
 from objq_broker.errors import ConfigurationError
+from objq_broker.model.checks import shown
 
 #: Units accepted in durations, in seconds.
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -26,7 +27,7 @@ def parse_duration(text: str, where: str = "duration") -> float:
     if not math.isfinite(seconds) or seconds < 0:
         raise ConfigurationError(
             f"{where}: expected a number of seconds, or a number with s/m/h/d (90, 15m, 2h), "
-            f"zero or more, found {text!r}"
+            f"zero or more, found {shown(text)}"
         )
     return seconds
 
@@ -53,6 +54,6 @@ def parse_time(text: str, now: float, where: str = "time") -> float:
     if not math.isfinite(seconds):
         raise ConfigurationError(
             f"{where}: expected ISO 8601 (2026-11-26T10:00), Unix seconds or an age (2h), "
-            f"found {text!r}"
+            f"found {shown(text)}"
         )
     return seconds

@@ -78,6 +78,9 @@ class IndexedState:
         self.new_runs: list[tuple[str, bytes]] = []
         #: Runs whose jobs are all gone: delete them once the commit landed.
         self.unused_runs: list[str] = []
+        #: Runs a staged write names that storage does not hold or that do not decode, with
+        #: why (the engine reads them before the write is applied): the write is refused.
+        self.unreadable_runs: dict[str, str] = {}
         #: Queues deleted (or expired) since the last commit: their kombu bindings are
         #: removed once the commit landed.
         self.removed_queues: list[str] = []

@@ -131,11 +131,28 @@ class LeasesState(ProducingState):
         return snapshot(job)
 
     def note_outcome(
-        self, job_id: str, queue: str, outcome: RunOutcome, error: str | None, now: float
+        self,
+        job_id: str,
+        queue: str,
+        token: str,
+        outcome: RunOutcome,
+        *,
+        error: str | None,
+        now: float,
     ) -> None:
         """Archive how the run of a job went, for a framework that acks a job before running
         it: a record of the job's id and queue only (its own record, written when it was
-        acked, has the rest). The job itself is not touched, wherever it is."""
+        acked, has the rest). The job itself is not touched, wherever it is.
+
+        ``token`` is the lease of the delivery that ran it. A job still in the state must be
+        held under it (:class:`LeaseLost` otherwise: nobody notes a run on a job another
+        worker holds, waits for or gave up). A job gone from the state was acked: its note
+        is kept, and readers of the archive join it to the job's own record, so a note on a
+        job that never existed is never counted."""
+        if job_id in self.jobs or job_id in self.dead:
+            if job_id in self.dead:
+                raise LeaseLost(f"job {job_id}: dead-lettered, so no run of it can be noted")
+            self._held(job_id, token)
         note = Job(job_id, queue, "", 0, now, now, 1, finished_at=now, error=error)
         self.finished.append(Finished(outcome, note))
         self.dirty = True

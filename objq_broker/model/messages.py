@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from objq_broker.errors import ConfigurationError
-from objq_broker.model.checks import UNDECODABLE
+from objq_broker.model.checks import UNDECODABLE, shown
 
 _encoder = msgspec.json.Encoder()
 _LANG = "py"
@@ -45,7 +45,7 @@ def _plain_args(args: object, where: str) -> list[Any]:
     if args is None:
         return []
     if isinstance(args, str | bytes) or not isinstance(args, Sequence):
-        raise ConfigurationError(f"{where}: expected a list of arguments, found {args!r}")
+        raise ConfigurationError(f"{where}: expected a list of arguments, found {shown(args)}")
     return list(args)
 
 
@@ -54,7 +54,7 @@ def _plain_kwargs(kwargs: object, where: str) -> dict[str, Any]:
         return {}
     if not isinstance(kwargs, Mapping):
         raise ConfigurationError(
-            f"{where}: expected a mapping of keyword arguments, found {kwargs!r}"
+            f"{where}: expected a mapping of keyword arguments, found {shown(kwargs)}"
         )
     return dict(kwargs)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from objq_broker.errors import ConfigurationError
+from objq_broker.errors import ConfigurationError, PayloadInvalid
 from objq_broker.model.bodies import INLINE_MAX_BYTES
 from objq_broker.model.lifecycle import QueuesState
-from objq_broker.model.records import Job, KeyRecord
+from objq_broker.model.records import Job, KeyRecord, decode_body
 from objq_broker.model.runs import RunMerge, rebased
 from objq_broker.model.values import (
     STAGED_WRITE_KEY,
@@ -38,6 +38,11 @@ class ProducingState(QueuesState):
                 raise ConfigurationError(
                     f"job {item.id}: max_attempts must be >= 1, found {item.max_attempts}"
                 )
+            if item.b64:
+                try:
+                    decode_body(item.id, item.body)
+                except PayloadInvalid as exc:  # a poison job: refuse it before it exists
+                    raise ConfigurationError(str(exc)) from None
         created: list[Job] = []
         for item in items:
             self.declare(item.queue)
@@ -188,6 +193,11 @@ class ProducingState(QueuesState):
                 f"{where}: jobs already refer to {sorted(fresh & self.doc.bodies.keys())}"
             )
         for run in runs:
+            if run.key in self.unreadable_runs:
+                raise ConfigurationError(
+                    f"{where}: run {run.key}: {self.unreadable_runs[run.key]}; nothing of the "
+                    "write was added"
+                )
             if run.last < run.next:
                 raise ConfigurationError(
                     f"{where}: run {run.key}'s last job {run.last} sorts before its first "

@@ -17,6 +17,7 @@ from typing import Literal
 
 import msgspec
 
+from objq_broker.errors import PayloadInvalid
 from objq_broker.model.checks import Attempts, PositiveSeconds, WriteRate
 
 #: The state format this code writes while no queue has runs (``docs/segments.md``); a state
@@ -98,13 +99,34 @@ class Job(msgspec.Struct, omit_defaults=True):
                 f"job {self.id}: the payload is stored out of line at {self.ref}; "
                 "read jobs through Queue, which loads it"
             )
-        return base64.b64decode(self.body) if self.b64 else self.body.encode()
+        return decode_body(self.id, self.body) if self.b64 else self.body.encode()
+
+    @property
+    def shown_payload(self) -> bytes:
+        """The payload as a reader shows it: the raw bytes of a body marked base64 that is
+        not (:attr:`payload` raises :class:`~objq_broker.errors.PayloadInvalid` for it)."""
+        try:
+            return self.payload
+        except PayloadInvalid:
+            return self.body.encode()
 
     def state_at(self, now: float) -> LiveState:
         """'in-flight', 'delayed' or 'ready' (a dead letter's record says 'dead' elsewhere)."""
         if self.lease is not None:
             return "in-flight"
         return "delayed" if self.visible_at > now else "ready"
+
+
+def decode_body(job_id: str, body: str) -> bytes:
+    """A body marked base64, decoded; :class:`~objq_broker.errors.PayloadInvalid` when it is
+    not base64 (a job sent that way by hand, or over the wire by another client)."""
+    try:
+        return base64.b64decode(body, validate=True)
+    except ValueError as exc:  # binascii.Error, or text beyond ASCII
+        raise PayloadInvalid(
+            f"job {job_id}: expected a base64 body (the job is marked so), found "
+            f"{len(body)} characters that are not ({exc}): it cannot be decoded"
+        ) from None
 
 
 def encode_payload(payload: bytes) -> tuple[str, bool]:

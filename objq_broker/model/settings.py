@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from objq_broker.errors import ConfigurationError
-from objq_broker.model.checks import MAX_SECONDS
+from objq_broker.model.checks import MAX_SECONDS, shown
 
 __all__ = [
     "option_count",
@@ -42,7 +42,7 @@ def positive_seconds(raw: object, name: str, *, where: str, label: str = "option
     if value is None or not 0 < value <= MAX_SECONDS:
         raise ConfigurationError(
             f"{where}: {label} {name}: expected a positive number of seconds, at most about "
-            f"a century, found {raw!r}"
+            f"a century, found {shown(raw)}"
         )
     return value
 
@@ -52,7 +52,7 @@ def positive_count(raw: object, name: str, *, where: str, label: str = "option")
     value = _number(raw)
     if value is None or value < 1 or not value.is_integer():
         raise ConfigurationError(
-            f"{where}: {label} {name}: expected a positive whole number, found {raw!r}"
+            f"{where}: {label} {name}: expected a positive whole number, found {shown(raw)}"
         )
     return int(value)
 

@@ -21,6 +21,7 @@ from objq_broker.model.checks import (
     QueueName,
     SignedSeconds,
     checked,
+    shown,
 )
 from objq_broker.model.records import Job, JobState, OrderKey, Outcome, QueueConfig, RunRef
 from objq_broker.model.runs import MAX_RUN_JOBS
@@ -117,7 +118,7 @@ def check_queue_name(queue: object) -> str:
     ):
         raise ConfigurationError(
             f"queue name: expected 1-{MAX_QUEUE_NAME} printable characters without '/', "
-            f"found {queue!r}"
+            f"found {shown(queue)}"
         )
     return queue
 
@@ -132,10 +133,10 @@ def settings_of(
     unknown = sorted(set(changes) - set(allowed))
     if unknown:
         raise ConfigurationError(
-            f"queue {queue!r}: unknown setting(s) {unknown}; accepted: {sorted(allowed)}"
+            f"queue {shown(queue, 80)}: unknown setting(s) {unknown}; accepted: {sorted(allowed)}"
         )
     merged = {name: getattr(base, name) for name in allowed} | changes
-    return checked(merged, QueueConfig, f"queue {queue!r}")
+    return checked(merged, QueueConfig, f"queue {shown(queue, 80)}")
 
 
 def snapshot(job: Job) -> Job:

@@ -334,7 +334,7 @@ class _RowBuilder:
                 job = self._bodies.fill(job, inline=True)
             except ObjqError:
                 return None  # its bodies object is gone (the job finished meanwhile)
-        return job.payload
+        return job.shown_payload  # a poison job's raw bytes, rather than failing the read
 
     def flush(self) -> pa.RecordBatch:
         arrays = [

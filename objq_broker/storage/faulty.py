@@ -7,7 +7,10 @@ It injects three kinds of trouble, each with its own probability, drawn from one
 * ``landed_rate`` — a write reaches the store and lands, then the caller sees
   :class:`StorageUnavailable` anyway (a timeout after the server committed): the nasty case a
   retry must not turn into a duplicate or a lost update;
-* ``latency_seconds`` — a uniform random delay ``(low, high)`` before each call.
+* ``latency_seconds`` — a uniform random delay ``(low, high)`` before each call;
+* ``ignore_conditions`` — every write drops its condition (``if_version``, ``if_absent``) and
+  overwrites, as some S3-compatible stores do while answering 200: what the store probe
+  (:mod:`objq_broker.storage.probe`) must refuse.
 
 ``fail_next(n, landed=False, conflict=False)`` scripts the next ``n`` writes to fail
 deterministically; ``conflict`` makes a landed write report :class:`PreconditionFailed`, as an
@@ -56,6 +59,7 @@ class FaultyStore:
         landed_rate: float = 0.0,
         latency_seconds: tuple[float, float] = (0.0, 0.0),
         ops: frozenset[str] = frozenset({"read", "write", "put", "get", "delete", "list"}),
+        ignore_conditions: bool = False,
     ) -> None:
         for name, rate in (("error_rate", error_rate), ("landed_rate", landed_rate)):
             if not 0.0 <= rate <= 1.0:
@@ -65,6 +69,7 @@ class FaultyStore:
         self.landed_rate = landed_rate
         self.latency_seconds = latency_seconds
         self.ops = ops
+        self.ignore_conditions = ignore_conditions
         self.counts = FaultCounts()
         self._rng = random.Random(seed)
         self._conflict = False
@@ -127,7 +132,10 @@ class FaultyStore:
         self, key: str, data: bytes, *, if_version: str | None = None, if_absent: bool = False
     ) -> str:
         after = self._before("write", key)
-        version = self.inner.write(key, data, if_version=if_version, if_absent=if_absent)
+        if self.ignore_conditions:
+            version = self.inner.write(key, data)
+        else:
+            version = self.inner.write(key, data, if_version=if_version, if_absent=if_absent)
         if after:
             raise self._fault("write", key, landed=True)
         return version

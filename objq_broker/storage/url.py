@@ -11,6 +11,12 @@ Accepted forms::
 
 Options come from the query string or from keyword arguments (a keyword wins only if the
 query does not name the same option: over-determined configuration is refused).
+
+Every scheme takes ``check_conditions`` (default true): before a namespace's state is first
+created, the store is probed for conditional writes it ignores, and refused if it does
+(:mod:`objq_broker.storage.probe`). ``check_conditions=false`` skips that probe. **Dangerous**:
+on a store that ignores conditions jobs are lost without an error; only for a store already
+checked with ``objq check-store``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from urllib.parse import parse_qsl, urlsplit
 from objq_broker.errors import ConfigurationError, missing_extra, redacted
 from objq_broker.storage.base import ObjectStore
 from objq_broker.storage.memory import MemoryStore
+from objq_broker.storage.probe import skip_condition_check
 
 _REGION = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _PROFILE = re.compile(r"^[\w.@:+-]{1,256}$")
@@ -106,9 +113,10 @@ def _endpoint(value: object) -> str:
 #: checked: each parser takes the query's text or a keyword's value and returns the option,
 #: or raises ``ValueError`` saying what was expected.
 _OPTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
-    "memory": {},
-    "file": {"fsync": _parse_bool},
+    "memory": {"check_conditions": _parse_bool},
+    "file": {"fsync": _parse_bool, "check_conditions": _parse_bool},
     "s3": {
+        "check_conditions": _parse_bool,
         "endpoint_url": _endpoint,
         "region": lambda v: _matching(v, _REGION, "a region name such as eu-west-1"),
         "profile": lambda v: _matching(v, _PROFILE, "a profile name"),
@@ -118,6 +126,7 @@ _OPTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
         "max_attempts": _attempts,
     },
     "gs": {
+        "check_conditions": _parse_bool,
         "client": lambda v: v,
         "project": lambda v: _matching(v, _PROFILE, "a project id"),
         "endpoint_url": _endpoint,
@@ -206,18 +215,40 @@ def _directory(netloc: str, path: str, url: str) -> Path:
         )
     raw = netloc + path
     if not raw:
-        raise ConfigurationError(f"storage URL {url!r}: expected a directory after file://")
+        raise ConfigurationError(
+            f"storage URL {redacted(url)!r}: expected a directory after file://"
+        )
     directory = Path(raw)
     if directory.is_absolute() and directory == Path(directory.anchor):
         raise ConfigurationError(
-            f"storage URL {url!r}: expected a directory of its own, found the file system's "
+            f"storage URL {redacted(url)!r}: expected a directory of its own, found the file "
+            "system's "
             "root: objq keeps its objects and its .objq-tmp and .objq-locks folders there"
         )
     return directory
 
 
+def file_directory(url: str) -> Path:
+    """The directory a ``file://`` URL names, checked as :func:`open_store` checks it (no
+    credentials, no host part, not the root), without creating it."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "file":
+        raise ConfigurationError(
+            f"storage URL {redacted(url)!r}: expected a file:// URL, found {parts.scheme!r}"
+        )
+    return _directory(parts.netloc, parts.path, url)
+
+
 def open_store(url: str, **options: Any) -> ObjectStore:
     """Open the object store a URL names (see the module docstring for the forms)."""
+    store, check_conditions = _open(url, options)
+    if check_conditions is False:
+        skip_condition_check(store)
+    return store
+
+
+def _open(url: str, options: dict[str, Any]) -> tuple[ObjectStore, bool | None]:
+    """The store, and the ``check_conditions`` option given (None: not given)."""
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
             f"storage URL: expected SCHEME://..., found {url!r}; accepted schemes: {_accepted()}"
@@ -230,15 +261,16 @@ def open_store(url: str, **options: Any) -> ObjectStore:
             f"accepted: {_accepted()}"
         )
     opts = _collect_options(scheme, parts.query, options, url)
+    check: bool | None = opts.pop("check_conditions", None)
     if scheme == "memory":
         name = (parts.netloc + parts.path).strip("/") or "default"
         with _memory_lock:
-            return _memory_stores.setdefault(name, MemoryStore(name))
+            return _memory_stores.setdefault(name, MemoryStore(name)), check
     if scheme == "file":
         directory = _directory(parts.netloc, parts.path, url)
         from objq_broker.storage.file import FileStore
 
-        return FileStore(directory, **opts)
+        return FileStore(directory, **opts), check
     bucket, prefix = _bucket_and_prefix(parts.netloc, parts.path, url)
     # The adapter modules raise ModuleNotFoundError when their SDK is missing (importing one
     # directly should fail as any import does); a URL that needs it is a configuration error.
@@ -247,9 +279,9 @@ def open_store(url: str, **options: Any) -> ObjectStore:
             from objq_broker.storage.s3 import S3Store
         except ModuleNotFoundError as exc:
             raise _missing_sdk(scheme, exc) from exc
-        return S3Store(bucket, prefix, **opts)
+        return S3Store(bucket, prefix, **opts), check
     try:
         from objq_broker.storage.gcs import GCSStore
     except ModuleNotFoundError as exc:
         raise _missing_sdk(scheme, exc) from exc
-    return GCSStore(bucket, prefix, **opts)
+    return GCSStore(bucket, prefix, **opts), check

@@ -14,11 +14,12 @@ import pytest
 from objq_broker import Queue, ops
 from objq_broker.broker.elected import ElectedCommitter
 from objq_broker.engine import Engine
+from objq_broker.engine.archive import iter_archive
 from objq_broker.engine.guard import STATE_KEY
 from objq_broker.engine.loading import RUN_CACHE_SIZE
 from objq_broker.engine.runs import MERGE_AT
 from objq_broker.engine.snapshot import Snapshot
-from objq_broker.errors import ConfigurationError, StateCorrupt
+from objq_broker.errors import ConfigurationError
 from objq_broker.model.encoding import decode_state
 from objq_broker.model.ops import DeadLetters, Expire, FindJob
 from objq_broker.model.records import TAIL_FORMAT_VERSION, Job, RunRef, StateDoc
@@ -99,23 +100,37 @@ def test_another_process_reads_the_runs_it_claims_from(tmp_path: Path) -> None:
         reader.close()
 
 
-def test_a_run_missing_from_storage_is_reported_and_the_state_kept(tmp_path: Path) -> None:
+def test_a_run_missing_from_storage_is_dropped_with_a_record_and_the_rest_delivered(
+    tmp_path: Path,
+) -> None:
     store = open_store(tmp_path.as_uri())
     engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS)
     enqueue_one_by_one(engine)
     engine.close()
-    before = store.read(STATE_KEY)
-    assert before is not None
     lost = store.list("runs/")[0]
+    state = store.read(STATE_KEY)
+    assert state is not None
+    held = next(
+        ref.count - ref.taken
+        for refs in decode_state(state.data, "test").runs.values()
+        for ref in refs
+        if ref.key == lost
+    )
     store.delete(lost)
     fresh = Engine(store, commit_deadline_seconds=5)
     try:
-        with pytest.raises(StateCorrupt, match=rf"runs {lost}: expected as the state refers"):
-            fresh.submit(ops.claim(["q"], JOBS, owner="test")).result()
+        # The claim confirms the run is gone from a fresh read, then delivers the rest
+        jobs = fresh.submit(ops.claim(["q"], JOBS, owner="test")).result()
+        assert len(jobs) == JOBS - held
+        assert fresh.submit(ops.stats(["q"])).result()[0].ready == 0
     finally:
         fresh.close()
     after = store.read(STATE_KEY)
-    assert after is not None and after.data == before.data
+    assert after is not None
+    assert lost not in decode_state(after.data, "test").run_keys()
+    records = [r for r in iter_archive(store) if r.job.id == lost]
+    assert [r.outcome for r in records] == ["dead"]
+    assert f"of {held} jobs lost" in (records[0].job.error or "")
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

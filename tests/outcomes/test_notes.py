@@ -7,7 +7,7 @@ import pytest
 
 from objq_broker import Queue
 from objq_broker.engine.archive import iter_archive
-from objq_broker.errors import ConfigurationError
+from objq_broker.errors import ConfigurationError, LeaseLost
 from objq_broker.storage import MemoryStore
 
 
@@ -42,7 +42,9 @@ def test_a_note_after_the_ack_adds_a_record_and_leaves_the_queue_alone(mode: str
         [delivery] = queue.claim("q")
         queue.ack(delivery)
         # The framework learns only now that the run failed.
-        queue.note_outcome(job.id, "q", "failed", error="ZeroDivisionError: division by zero")
+        queue.note_outcome(
+            job.id, "q", "failed", token=delivery.token, error="ZeroDivisionError: division by zero"
+        )
         stats = queue.stats("q")
         assert (stats.ready, stats.in_flight, stats.dead) == (1, 0, 0)
         assert [job.id for _, job in queue.jobs("q")] == [other.id]
@@ -60,9 +62,10 @@ def test_a_note_after_the_ack_adds_a_record_and_leaves_the_queue_alone(mode: str
     [
         (lambda q, d: q.ack(d, outcome="dead"), "outcome"),
         (lambda q, d: q.ack(d, outcome="done", error=5), "error"),
-        (lambda q, d: q.note_outcome(d.id, "q", "done"), "outcome"),
-        (lambda q, d: q.note_outcome(d.id, "", "failed"), "queue"),
-        (lambda q, d: q.note_outcome(d.id, "q", "failed", error=["x"]), "error"),
+        (lambda q, d: q.note_outcome(d.id, "q", "done", token=d.token), "outcome"),
+        (lambda q, d: q.note_outcome(d.id, "", "failed", token=d.token), "queue"),
+        (lambda q, d: q.note_outcome(d.id, "q", "failed", token=d.token, error=["x"]), "error"),
+        (lambda q, d: q.note_outcome(d.id, "q", "failed", token=""), "token"),
     ],
 )
 def test_a_wrong_outcome_is_refused_before_anything_is_committed(call, expected) -> None:  # type: ignore[no-untyped-def]
@@ -75,3 +78,22 @@ def test_a_wrong_outcome_is_refused_before_anything_is_committed(call, expected)
         assert queue.stats("q").in_flight == 1
         queue.ack(delivery)
     assert [r.outcome for r in iter_archive(store)] == ["done"]
+
+
+@pytest.mark.parametrize("mode", ["off", "auto"])
+def test_a_note_needs_the_lease_of_the_delivery_that_ran_the_job(mode: str) -> None:
+    store = MemoryStore()
+    with Queue(store=store, broker=mode) as queue:
+        queue.declare("q")
+        [held_job, waiting] = queue.enqueue_many("q", [b"held", b"waiting"])
+        [delivery] = queue.claim("q")
+        # Nobody notes a failure on a job another worker holds, or one still waiting
+        with pytest.raises(LeaseLost, match="stale"):
+            queue.note_outcome(held_job.id, "q", "failed", token="forged", error="x")
+        with pytest.raises(LeaseLost):
+            queue.note_outcome(waiting.id, "q", "failed", token=delivery.token, error="x")
+        # The holder may, before or after its ack
+        queue.note_outcome(held_job.id, "q", "retried", token=delivery.token, error="slow")
+        queue.ack(delivery)
+        assert queue.stats("q").ready == 1
+    assert _archived(store) == [("done", held_job.id, None), ("retried", held_job.id, "slow")]

@@ -32,7 +32,7 @@ from objq_broker.storage.locks import LOCK_DIR
         ("gs:///prefix", "expected a bucket name"),
         ("file://", "expected a directory"),
         ("memory://x?colour=red", "unknown option 'colour'"),
-        ("s3://bucket/p?colour=red", "accepted: connect_timeout, endpoint_url"),
+        ("s3://bucket/p?colour=red", "accepted: check_conditions, connect_timeout, endpoint_url"),
         ("s3://bucket/p?connect_timeout=soon", "connect_timeout': expected a finite number"),
         ("s3://bucket/p?read_timeout=0", "read_timeout': expected a finite number"),
         ("s3://bucket/p?connect_timeout=nan", "found 'nan'"),

@@ -23,7 +23,8 @@ batch needs read). Import them from here.
 
 from __future__ import annotations
 
-from objq_broker.model.ops.base import Held, Op, Read, T
+from objq_broker.model.checks import Held
+from objq_broker.model.ops.base import Op, Read, Refused, T
 from objq_broker.model.ops.jobs import (
     Ack,
     Claim,
@@ -91,6 +92,7 @@ __all__ = [
     "PurgeDead",
     "QueueNames",
     "Read",
+    "Refused",
     "Release",
     "ResignBroker",
     "RetryDead",

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import msgspec
 
 from objq_broker.model.state import QueueState
 
 T = TypeVar("T")
-Held = tuple[str, str]  # (job id, lease token)
 
 
 class Op(msgspec.Struct, Generic[T], frozen=True, tag=True):
@@ -32,6 +31,20 @@ class Op(msgspec.Struct, Generic[T], frozen=True, tag=True):
     def size(self) -> int:
         """Payload bytes this operation adds (a batch is capped by bytes too)."""
         return 0
+
+
+class Refused(Op[Any], frozen=True):
+    """An operation refused by the engine after it was sent (its commit would have made the
+    state too large), standing in for it in its session: it fails alone with ``error``.
+    Never sent between processes."""
+
+    error: Any
+
+    def apply(self, state: QueueState, now: float) -> Any:
+        raise self.error
+
+    def replay(self, state: QueueState, now: float) -> Any:
+        raise self.error
 
 
 class Read(Op[T], frozen=True):

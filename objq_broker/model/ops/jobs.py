@@ -3,19 +3,26 @@ runs) and consuming them (claim, heartbeat, ack, note an outcome, nack, release,
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
+
+from msgspec import Meta
 
 from objq_broker.errors import QueueNotFound
 from objq_broker.model.checks import (
+    MAX_CLAIM,
+    MAX_ITEMS,
     Attempts,
+    ErrorText,
+    Held,
     Identifier,
+    Jitter,
     PositiveSeconds,
     Priority,
     QueueName,
     Seconds,
     SignedSeconds,
 )
-from objq_broker.model.ops.base import Held, Op
+from objq_broker.model.ops.base import Op
 from objq_broker.model.records import (
     Job,
     NackResult,
@@ -32,7 +39,7 @@ class Enqueue(Op[list[Job]], frozen=True):
     queues that exist are added (a message routed by a binding that outlived its queue is
     dropped, as AMQP drops what no queue takes, instead of bringing the queue back)."""
 
-    items: list[NewJob]
+    items: Annotated[list[NewJob], Meta(max_length=MAX_ITEMS)]
     to_declared: bool = False
 
     def apply(self, state: QueueState, now: float) -> list[Job]:
@@ -53,8 +60,8 @@ class Enqueue(Op[list[Job]], frozen=True):
 
 class EnqueueStaged(Op[int | None], frozen=True):
     queue: QueueName
-    staged: list[StagedBodies]
-    ids: list[Identifier]
+    staged: Annotated[list[StagedBodies], Meta(max_length=MAX_ITEMS)]
+    ids: Annotated[list[Identifier], Meta(max_length=MAX_ITEMS)]
     write_id: Identifier
     priority: Priority = 0
     delay_seconds: SignedSeconds = 0.0
@@ -78,7 +85,7 @@ class EnqueueStaged(Op[int | None], frozen=True):
 
 class EnqueueRuns(Op[int | None], frozen=True):
     queue: QueueName
-    runs: list[StagedRun]
+    runs: Annotated[list[StagedRun], Meta(max_length=MAX_ITEMS)]
     write_id: Identifier
 
     def apply(self, state: QueueState, now: float) -> int | None:
@@ -97,8 +104,8 @@ class Claim(Op[list[Job]], frozen=True):
     fresh: ClassVar[bool] = True
     consumer: ClassVar[bool] = True
 
-    queues: list[QueueName]
-    tokens: list[str]
+    queues: Annotated[list[QueueName], Meta(max_length=MAX_ITEMS)]
+    tokens: Annotated[list[Identifier], Meta(max_length=MAX_CLAIM)]
     owner: Identifier
     lease_seconds: PositiveSeconds | None = None
     #: Refuse (:class:`~objq_broker.errors.QueueNotFound`) when a queue is not declared,
@@ -124,7 +131,7 @@ class Claim(Op[list[Job]], frozen=True):
 
 
 class Heartbeat(Op[list[bool]], frozen=True):
-    held: list[Held]
+    held: Annotated[list[Held], Meta(max_length=MAX_ITEMS)]
     lease_seconds: PositiveSeconds | None = None
 
     def apply(self, state: QueueState, now: float) -> list[bool]:
@@ -135,10 +142,10 @@ class Heartbeat(Op[list[bool]], frozen=True):
 
 
 class Ack(Op[Job], frozen=True):
-    job_id: str
-    token: str
+    job_id: Identifier
+    token: Identifier
     outcome: Literal["done"] | RunOutcome = "done"
-    error: str | None = None
+    error: ErrorText | None = None
 
     def apply(self, state: QueueState, now: float) -> Job:
         return state.ack(self.job_id, self.token, now, self.outcome, self.error)
@@ -151,24 +158,28 @@ class Ack(Op[Job], frozen=True):
 class NoteOutcome(Op[None], frozen=True):
     """How the run of a job went, said after the job was acked (or while it is held)."""
 
-    job_id: str
+    job_id: Identifier
     queue: QueueName
+    #: The lease token of the delivery that ran the job.
+    token: Identifier
     outcome: RunOutcome
-    error: str | None = None
+    error: ErrorText | None = None
 
     def apply(self, state: QueueState, now: float) -> None:
-        state.note_outcome(self.job_id, self.queue, self.outcome, self.error, now)
+        state.note_outcome(
+            self.job_id, self.queue, self.token, self.outcome, error=self.error, now=now
+        )
 
     def replay(self, state: QueueState, now: float) -> None:
         return None
 
 
 class Nack(Op[NackResult], frozen=True):
-    job_id: str
-    token: str
-    error: str | None = None
+    job_id: Identifier
+    token: Identifier
+    error: ErrorText | None = None
     retry: bool = True
-    jitter: float = 0.0
+    jitter: Jitter = 0.0
     delay_seconds: Seconds | None = None
 
     def apply(self, state: QueueState, now: float) -> NackResult:
@@ -188,7 +199,7 @@ class Nack(Op[NackResult], frozen=True):
 
 
 class Release(Op[list[bool]], frozen=True):
-    held: list[Held]
+    held: Annotated[list[Held], Meta(max_length=MAX_ITEMS)]
 
     def apply(self, state: QueueState, now: float) -> list[bool]:
         return state.release(self.held, now)

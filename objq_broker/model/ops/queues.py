@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from msgspec import Meta
+
 from objq_broker.model.checks import (
+    MAX_ITEMS,
+    Identifier,
     QueueName,
 )
 from objq_broker.model.ops.base import Op
@@ -61,7 +67,7 @@ class DeleteQueue(Op[int], frozen=True):
 
 class RetryDead(Op[list[str]], frozen=True):
     queue: QueueName
-    ids: list[str] | None = None
+    ids: Annotated[list[Identifier], Meta(max_length=MAX_ITEMS)] | None = None
 
     def apply(self, state: QueueState, now: float) -> list[str]:
         return state.retry_dead(self.queue, self.ids, now)
@@ -72,7 +78,7 @@ class RetryDead(Op[list[str]], frozen=True):
 
 class PurgeDead(Op[int], frozen=True):
     queue: QueueName
-    ids: list[str] | None = None
+    ids: Annotated[list[Identifier], Meta(max_length=MAX_ITEMS)] | None = None
 
     def apply(self, state: QueueState, now: float) -> int:
         return state.purge_dead(self.queue, self.ids)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from msgspec import Meta
+
 from objq_broker.model.checks import (
+    MAX_ITEMS,
+    Identifier,
     QueueName,
     WriteRate,
 )
@@ -35,14 +41,14 @@ class Stats(Read[list[QueueStats]], frozen=True):
     """Counts of several queues read from one state, so a job moving between them is never
     counted twice or missed."""
 
-    queues: list[QueueName]
+    queues: Annotated[list[QueueName], Meta(max_length=MAX_ITEMS)]
 
     def apply(self, state: QueueState, now: float) -> list[QueueStats]:
         return [state.stats(name, now) for name in self.queues]
 
 
 class FindJob(Read[tuple[JobState, Job] | None], frozen=True):
-    job_id: str
+    job_id: Identifier
 
     def apply(self, state: QueueState, now: float) -> tuple[JobState, Job] | None:
         return state.find(self.job_id, now)
@@ -51,7 +57,7 @@ class FindJob(Read[tuple[JobState, Job] | None], frozen=True):
 class ListJobs(Read[list[tuple[JobState, Job]]], frozen=True):
     queue: QueueName
     state: JobState | None = None
-    limit: int | None = None
+    limit: Annotated[int, Meta(ge=0)] | None = None
 
     def apply(self, state: QueueState, now: float) -> list[tuple[JobState, Job]]:
         return state.list_jobs(self.queue, now, self.state, self.limit)

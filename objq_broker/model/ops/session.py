@@ -4,13 +4,16 @@ operations on the broker record, and the runs a batch of operations needs read."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import msgspec
+from msgspec import Meta
 
 from objq_broker.errors import BrokerTaken, ObjqError
 from objq_broker.model.checks import (
+    MAX_SESSION_OPS,
     Identifier,
+    Seq,
 )
 from objq_broker.model.ops.base import Op
 from objq_broker.model.ops.jobs import (
@@ -147,8 +150,8 @@ class Session(Op[Outcomes], frozen=True):
     :meth:`~Op.replay` instead of being applied twice."""
 
     client: Identifier
-    seq: int
-    ops: list[ANY_OP]
+    seq: Seq
+    ops: Annotated[list[ANY_OP], Meta(max_length=MAX_SESSION_OPS)]
 
     @property
     def fresh(self) -> bool:  # type: ignore[override]
