@@ -32,11 +32,9 @@ import dataclasses
 import itertools
 import logging
 import os
-import threading
 import time
 import uuid
 import weakref
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
@@ -50,6 +48,7 @@ from objq_broker.broker.routing import BrokerRouting
 from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.base import DEFAULT_COMMIT_DEADLINE_SECONDS
 from objq_broker.engine.batch import EngineMetrics
+from objq_broker.engine.batcher import Batcher
 from objq_broker.errors import (
     BrokerUnreachable,
     ConfigurationError,
@@ -110,16 +109,12 @@ class ElectedCommitter(BrokerRouting):
         forked child's parent included), nothing pending, no sender yet."""
         self._sent = EngineMetrics()  # sessions and operations this client sent
         self.client_id = uuid.uuid4().hex
-        self._pending: deque[tuple[Op[Any], Future[Any]]] = deque()
-        self._cv = threading.Condition()
+        #: Operations waiting for the sender thread, which takes a session at a time.
+        self._batcher = self._new_batcher()
         self._closed = False  # close() has run (or is running)
-        self._thread: threading.Thread | None = None
         self._seq = 0
         self._lanes: list[_Lane] = []  # lanes of waiting claims not in use
         self._lane_ids = itertools.count(1)
-        self._in_flight = 0  # operations in the session being sent
-        self._callers = 0  # most operations pending or in flight since the last session left
-        self._expected = 0  # ... as of the last round trip: how many the next session waits for
         self._round_trip = 0.0  # of the last session
 
     def __repr__(self) -> str:
@@ -131,7 +126,7 @@ class ElectedCommitter(BrokerRouting):
         parent's (or another's). The child starts over as a new client of that broker, and
         never serves (a pool child leaves with ``os._exit``, never handing the role over)."""
         if self._closed:  # nothing to start over; a lock held at the fork must not bite
-            self._cv = threading.Condition()
+            self._batcher = self._new_batcher()
             return
         if self.settings.mode == "auto":
             self.settings = dataclasses.replace(self.settings, mode="client")
@@ -168,17 +163,10 @@ class ElectedCommitter(BrokerRouting):
 
     def submit(self, op: Op[T]) -> Future[T]:
         future: Future[T] = Future()
-        with self._cv:
+        with self._batcher.cv:
             if self._closing:
                 raise QueueClosed(f"the queue for {self.store.url} is closed")
-            self._pending.append((op, future))
-            self._callers = max(self._callers, len(self._pending) + self._in_flight)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"objq-elected {self.store.url}", daemon=True
-                )
-                self._thread.start()
-            self._cv.notify()
+            self._batcher.add((op, future))
         return future
 
     def claim_waiting(self, claim: Claim, wait_seconds: float) -> list[Job] | None:
@@ -190,7 +178,7 @@ class ElectedCommitter(BrokerRouting):
         The claim travels as a session of a lane of this client (one waiting claim at a
         time each), so after a lost broker the same session goes to the next one and is
         answered from the state, never applied twice."""
-        with self._cv:
+        with self._batcher.cv:
             if self._closing:
                 raise QueueClosed(f"the queue for {self.store.url} is closed")
             lane = self._lanes.pop() if self._lanes else self._new_lane()
@@ -207,7 +195,7 @@ class ElectedCommitter(BrokerRouting):
                     )
                 self.submit(Nothing()).result()  # the sender finds the route (fails over)
         finally:
-            with self._cv:
+            with self._batcher.cv:
                 self._lanes.append(lane)
         if outcomes is _CANNOT_WAIT:
             return None
@@ -244,20 +232,20 @@ class ElectedCommitter(BrokerRouting):
         return _Lane(f"{self.client_id}.{next(self._lane_ids)}")
 
     def flush(self, timeout: float | None = None) -> None:
-        with self._cv:
-            if self._thread is None:
+        with self._batcher.cv:
+            if self._batcher.thread is None:
                 return
         self.submit(Nothing()).result(timeout)
 
     def close(self, timeout: float | None = None) -> None:
         """Send what is pending, then stop. A leader clears its record first, so the next
         process to need a broker takes over without waiting for it to be found gone."""
-        with self._cv:
+        with self._batcher.cv:
             if self._closed:
                 return
             self._closing = self._closed = True
-            self._cv.notify()
-            thread = self._thread
+            self._batcher.cv.notify()
+            thread = self._batcher.thread
         if thread is not None:
             thread.join(timeout)
         if self._leader is not None and self._leader.fenced is None:
@@ -287,16 +275,15 @@ class ElectedCommitter(BrokerRouting):
     # --- the sender thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        batcher = self._batcher
         while True:
-            with self._cv:
-                while not self._pending and not self._closing:
-                    self._cv.wait()
-                if not self._pending:
+            with batcher.cv:
+                while not batcher.pending and not self._closing:
+                    batcher.cv.wait()
+                if not batcher.pending:
                     return
                 self._linger()
-                batch = self._take_session()
-                count = len(batch)
-                self._in_flight = self._expected = self._callers = count
+                batch = batcher.take()
             live = [(op, future) for op, future in batch if future.set_running_or_notify_cancel()]
             if not live:
                 continue
@@ -310,9 +297,7 @@ class ElectedCommitter(BrokerRouting):
             self._sent.batches += 1
             self._sent.ops += len(live)
             self._count_job_events(live, outcomes)
-            with self._cv:
-                self._in_flight = 0
-                self._expected = self._callers
+            batcher.done()
             self._round_trip = time.monotonic() - sent_at
             for (_, future), (ok, value) in zip(live, outcomes, strict=True):
                 with contextlib.suppress(InvalidStateError):
@@ -321,19 +306,6 @@ class ElectedCommitter(BrokerRouting):
                     else:
                         future.set_exception(value)
             self._notify()
-
-    def _take_session(self) -> list[tuple[Op[Any], Future[Any]]]:
-        """The next session's operations (holding ``_cv``): up to :data:`MAX_SESSION_OPS`
-        and :data:`MAX_SESSION_PAYLOAD_BYTES` of payload, but at least one. An operation
-        larger than a broker takes thus travels alone, and is refused alone."""
-        batch = [self._pending.popleft()]
-        size = batch[0][0].size
-        while self._pending and len(batch) < MAX_SESSION_OPS:
-            size += self._pending[0][0].size
-            if size > MAX_SESSION_PAYLOAD_BYTES:
-                break
-            batch.append(self._pending.popleft())
-        return batch
 
     def _count_job_events(
         self, live: list[tuple[Op[Any], Future[Any]]], outcomes: Outcomes
@@ -348,17 +320,23 @@ class ElectedCommitter(BrokerRouting):
             log.exception("counting a session's job events failed")
 
     def _linger(self) -> None:
-        """Let a session fill before sending it (called holding ``_cv``). As many callers had
-        an operation pending or in flight during the last round trip; those it released are
-        still submitting their next ones, so wait (a fraction of a round trip at most) for
-        all of them: otherwise half the callers ride every other session. One caller never
-        waits."""
-        end = time.monotonic() + min(SESSION_LINGER_MAX_SECONDS, self._round_trip / 4)
-        while len(self._pending) < self._expected and not self._closing:
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                return
-            self._cv.wait(remaining)
+        """Let a session fill before sending it (called holding the batcher's ``cv``): wait, a
+        fraction of a round trip at most, for the callers the last session released. One
+        caller never waits."""
+        span = min(SESSION_LINGER_MAX_SECONDS, self._round_trip / 4)
+        self._batcher.linger(span, stop=self._stopping)
+
+    def _stopping(self) -> bool:
+        return self._closing
+
+    def _new_batcher(self) -> Batcher[tuple[Op[Any], Future[Any]]]:
+        return Batcher(
+            f"objq-elected {self.store.url}",
+            self._run,
+            size=_op_size,
+            max_items=MAX_SESSION_OPS,
+            max_bytes=MAX_SESSION_PAYLOAD_BYTES,
+        )
 
     def _commit(self, session: Session) -> Outcomes:
         """Commit ``session`` by whichever route works, sending it again after a broker was
@@ -379,6 +357,13 @@ class ElectedCommitter(BrokerRouting):
                 self._lost(exc, since=started, fenced=True)
             except BrokerUnreachable as exc:
                 self._lost(exc, since=started)
+
+
+def _op_size(pending: tuple[Op[Any], Future[Any]]) -> int:
+    """Payload bytes of a pending operation: a session holds at most
+    :data:`MAX_SESSION_PAYLOAD_BYTES`, and an operation larger than a broker takes travels
+    alone, and is refused alone."""
+    return pending[0].size
 
 
 @dataclass

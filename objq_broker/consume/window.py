@@ -213,15 +213,24 @@ class ClaimWindow:
         self._top_up(_less(room, len(got)), queues, blocking=True)
         return got
 
-    def poll(self, room: int | None, *, queues: Sequence[str] | None = None) -> list[Delivery]:
+    def poll(
+        self,
+        room: int | None,
+        *,
+        queues: Sequence[str] | None = None,
+        unmetered: Set[str] = frozenset(),
+    ) -> list[Delivery]:
         """Up to ``room`` cached messages, never blocking; keeps one claim in flight while the
-        consumer could take more, and gives back a hoard while it cannot."""
+        consumer could take more, and gives back a hoard while it cannot. Cached messages of
+        the ``unmetered`` queues are taken whatever the room: they go to a consumer that has
+        room of its own (a no-ack queue claimed along with this consumer's queues)."""
         with self._lock:
             self._raise_failure()
-            surplus = self._hoard(room)
-            got = self._take_cached(room)
+            surplus = self._hoard(room, unmetered)
+            got = self._take_cached(room, unmetered)
         self._release_quietly(surplus)
-        self._top_up(_less(room, len(got)), queues, blocking=False)
+        metered = sum(1 for d in got if d.job.queue not in unmetered)
+        self._top_up(_less(room, metered), queues, blocking=False)
         return got
 
     def look_again(self) -> None:
@@ -292,9 +301,21 @@ class ClaimWindow:
         if failure is not None:
             raise failure
 
-    def _take_cached(self, room: int | None) -> list[Delivery]:
-        count = len(self._cache) if room is None else min(max(room, 0), len(self._cache))
-        got = [self._cache.popleft() for _ in range(count)]
+    def _take_cached(self, room: int | None, unmetered: Set[str] = frozenset()) -> list[Delivery]:
+        if unmetered and any(d.job.queue in unmetered for d in self._cache):
+            got, kept, metered = [], collections.deque[Delivery](), 0
+            for delivery in self._cache:  # in cache order: they go out as they were claimed
+                if delivery.job.queue in unmetered:
+                    got.append(delivery)
+                elif room is None or metered < room:
+                    got.append(delivery)
+                    metered += 1
+                else:
+                    kept.append(delivery)
+            self._cache = kept
+        else:
+            count = len(self._cache) if room is None else min(max(room, 0), len(self._cache))
+            got = [self._cache.popleft() for _ in range(count)]
         if got:
             self._taken_at = time.monotonic()
             self._in_hand.update((d.token, d) for d in got)
@@ -324,11 +345,14 @@ class ClaimWindow:
             return
         self._cache.extend(found)
 
-    def _hoard(self, room: int | None) -> list[Delivery]:
+    def _hoard(self, room: int | None, unmetered: Set[str] = frozenset()) -> list[Delivery]:
         """What to give back when nothing was taken for a while: the consumer, not commits,
-        is the limit. Keeps what the room allows; the window starts again from the prefetch."""
+        is the limit. Keeps what the room allows (and the ``unmetered`` queues' messages, which
+        are handed out now); the window starts again from the prefetch."""
         if room is None or not self._cache:
             return []  # (no limit: the cache is handed out now)
+        if unmetered:
+            room += sum(1 for d in self._cache if d.job.queue in unmetered)
         if time.monotonic() - self._taken_at < self.hoard_seconds:
             return []
         self._window = self._floor()

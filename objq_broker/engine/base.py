@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 from objq_broker.engine.archive import DEFAULT_ARCHIVE_TAIL_BYTES
 from objq_broker.engine.batch import Attempt, EngineMetrics, Pending, StandingClaims
+from objq_broker.engine.batcher import Batcher
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.garbage import (
     DEFAULT_GC_INTERVAL_SECONDS,
@@ -107,7 +106,6 @@ class EngineBase:
         #: Archive finished jobs (False: drop their records), through a tail kept in the state
         #: until it holds this many bytes (``engine.archive``).
         self.archive, self.archive_tail_bytes = archive, archive_tail_bytes
-        self.max_batch_ops, self.max_batch_bytes = max_batch_ops, max_batch_bytes
         self.linger_seconds = linger_seconds
         self.commit_deadline_seconds = commit_deadline_seconds
         self.max_staleness_seconds = max_staleness_seconds
@@ -151,25 +149,31 @@ class EngineBase:
         self._state: QueueState | None = None
         self._version: str | None = None
         self._synced_at = float("-inf")  # monotonic time the cache last matched storage
-        self._pending: deque[Pending] = deque()
-        self._cv = threading.Condition()
+        #: Operations waiting for the writer thread, which it takes a batch at a time.
+        self._batcher: Batcher[Pending] = Batcher(
+            f"objq-writer {store.url}",
+            self._run,
+            size=_size,
+            max_items=max_batch_ops,
+            max_bytes=max_batch_bytes,
+        )
         self._closing = False
         self._fenced: WriterFenced | None = None
         self._broken: QueueError | None = None  # why the writer thread stopped, if it did
         self._consumer = False
-        self._thread: threading.Thread | None = None
         self._commit_listeners: list[Callable[[], None]] = []
         self._standing: StandingClaims | None = None
         #: This batch's tries whose state write failed: any one of them may yet have landed.
         self._failed_tries: list[Attempt] = []
-        self._committing = 0  # ops in the batch being committed
-        self._callers = 0  # most ops pending or committing since the last batch was taken
-        self._expected = 0  # ... as of the last commit: how many the next batch waits for
         self._last_commit_seconds = 0.0
         self._idle_tick = idle_tick_seconds
         self._lost_against: str | None = None  # the version a conflicting write expected
         self._others_moved = False  # the state changed since that conflict: progress
         self._watch_state()
+
+    def _run(self) -> None:
+        """The writer thread (:mod:`~objq_broker.engine.loop`)."""
+        raise NotImplementedError
 
     def _watch_state(self) -> None:
         # Writes to the state the store reported (a local folder does), and how many of them
@@ -201,3 +205,7 @@ class EngineBase:
     def __repr__(self) -> str:
         role = "" if self.epoch is None else f", epoch={self.epoch}"
         return f"Engine({self.store.url!r}{role})"
+
+
+def _size(pending: Pending) -> int:
+    return pending.size

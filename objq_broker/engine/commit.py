@@ -29,7 +29,6 @@ module holds what callers use.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import TypeVar
@@ -60,21 +59,14 @@ class Engine(CommitLoop):
         (which turns on idle lease expiry)."""
         future: Future[T] = Future()
         pending = Pending.of(op, future)  # (its properties are read outside the lock)
-        with self._cv:
+        with self._batcher.cv:
             if self._fenced is not None:
                 raise self._fenced
             if self._broken is not None:
                 raise self._broken
             if self._closing:
                 raise QueueClosed(f"the engine for {self.store.url} is closed")
-            self._pending.append(pending)
-            self._callers = max(self._callers, len(self._pending) + self._committing)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"objq-writer {self.store.url}", daemon=True
-                )
-                self._thread.start()
-            self._cv.notify()
+            self._batcher.add(pending)
         return future
 
     def call(self, op: Op[T]) -> T:
@@ -89,8 +81,8 @@ class Engine(CommitLoop):
     def flush(self, timeout: float | None = None) -> None:
         """Wait until everything submitted so far is durable (or failed), and the objects
         its commits freed are deleted."""
-        with self._cv:
-            if self._thread is None:
+        with self._batcher.cv:
+            if self._batcher.thread is None:
                 return
         self.submit(Nothing()).result(timeout)
         self._janitor.wait(timeout)
@@ -105,10 +97,10 @@ class Engine(CommitLoop):
 
     def close(self, timeout: float | None = None) -> None:
         """Commit what is pending, then stop the writer thread."""
-        with self._cv:
+        with self._batcher.cv:
             self._closing = True
-            self._cv.notify()
-            thread = self._thread
+            self._batcher.cv.notify()
+            thread = self._batcher.thread
         if thread is not None:
             thread.join(timeout)
         if self._watch is not None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from typing import Any
 
 from objq_broker.engine.base import MAX_IDLE_TICK_SECONDS
@@ -75,19 +74,20 @@ class CommitLoop(StateLoader):
         """Fail every pending op, and every later one, with why the writer stopped."""
         broken = QueueError(f"the writer for {self.store.url} stopped: {type(exc).__name__}: {exc}")
         broken.__cause__ = exc
-        with self._cv:
+        with self._batcher.cv:
             self._broken = broken
-            pending, self._pending = list(self._pending), deque()
+            pending = self._batcher.drain()
         self._fail(pending, broken)
 
     def _next_batch(self) -> list[Pending] | None:
         """Wait for work (or an idle tick) and take a batch; None when closed and drained."""
-        with self._cv:
-            while not self._pending:
+        batcher = self._batcher
+        with batcher.cv:
+            while not batcher.pending:
                 if self._closing:
                     return None
                 tick = self._idle_tick if self._consumer else None
-                if not self._cv.wait(tick) and not self._pending:
+                if not batcher.cv.wait(tick) and not batcher.pending:
                     # Idle tick: expire stale leases. Each costs a read in direct mode, so
                     # they grow sparser while nothing happens (claims expire leases too).
                     self._idle_tick = min(self._idle_tick * 2, MAX_IDLE_TICK_SECONDS)
@@ -95,19 +95,10 @@ class CommitLoop(StateLoader):
             self._idle_tick = self.idle_tick_seconds
             self._linger()
             self._keep_to_budget()
-            batch: list[Pending] = []
-            size = 0
-            while self._pending and len(batch) < self.max_batch_ops:
-                op = self._pending[0]
-                if batch and size + op.size > self.max_batch_bytes:
-                    break
-                batch.append(self._pending.popleft())
-                size += op.size
-            self._committing = self._callers = len(batch)
-            return batch
+            return batcher.take()
 
     def _linger(self) -> None:
-        """Let a batch fill before committing it (called holding ``_cv``).
+        """Let a batch fill before committing it (called holding the batcher's ``cv``).
 
         With ``linger_seconds`` set, always wait that long (or for a full batch). Otherwise
         adapt: as many ops were pending or committing at once during the last commit; the
@@ -117,32 +108,29 @@ class CommitLoop(StateLoader):
         a network round trip each, share one commit instead of taking turns (waiting up to
         two commits measured best for 8 clients). One caller never waits.
         """
+        batcher = self._batcher
         if self._closing:
             return
         if self.linger_seconds > 0:
-            target, span = self.max_batch_ops, self.linger_seconds
-        else:
-            target = self._expected
-            if len(self._pending) >= target:
-                return
+            batcher.linger(self.linger_seconds, stop=self._stopping, target=batcher.max_items)
+        elif not batcher.full:
             span = min(ADAPTIVE_LINGER_MAX_SECONDS, 2 * self._last_commit_seconds)
-        end = time.monotonic() + span
-        while len(self._pending) < target and not self._closing:
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                return
-            self._cv.wait(remaining)
+            batcher.linger(span, stop=self._stopping)
+
+    def _stopping(self) -> bool:
+        return self._closing
 
     def _keep_to_budget(self) -> None:
         """Under a write budget (``engine.budget``), wait until the namespace may write again
-        before taking a batch that may write (called holding ``_cv``); what is submitted
-        meanwhile joins the batch. Reads and flushes never wait, nor does changing the budget
-        (lifting one of a write a minute must not take a minute)."""
+        before taking a batch that may write (called holding the batcher's ``cv``); what is
+        submitted meanwhile joins the batch. Reads and flushes never wait, nor does changing
+        the budget (lifting one of a write a minute must not take a minute)."""
         state = self._state
         if state is None or state.doc.write_budget is None:
             return
-        if all(isinstance(op.op, Read | Nothing) for op in self._pending) or any(
-            isinstance(op.op, SetWriteBudget) for op in self._pending
+        pending = self._batcher.pending
+        if all(isinstance(op.op, Read | Nothing) for op in pending) or any(
+            isinstance(op.op, SetWriteBudget) for op in pending
         ):
             return
         wait = budget_wait(
@@ -150,7 +138,7 @@ class CommitLoop(StateLoader):
         )
         end = time.monotonic() + wait
         while not self._closing and (remaining := end - time.monotonic()) > 0:
-            self._cv.wait(remaining)
+            self._batcher.cv.wait(remaining)
 
     def _commit(self, batch: list[Pending]) -> None:
         started = time.monotonic()
@@ -171,9 +159,7 @@ class CommitLoop(StateLoader):
             self.metrics.ops += len(batch)
             self.metrics.max_batch_ops = max(self.metrics.max_batch_ops, len(batch))
             self._last_commit_seconds = time.monotonic() - started
-            with self._cv:
-                self._committing = 0
-                self._expected = self._callers
+            self._batcher.done()
             self.metrics.commit_seconds_total += self._last_commit_seconds
             self.metrics.commit_durations.observe(self._last_commit_seconds)
             self._tell_listeners()

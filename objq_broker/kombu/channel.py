@@ -19,7 +19,7 @@ from kombu.utils.json import dumps, loads
 from objq_broker import ops
 from objq_broker.consume import ClaimWindow
 from objq_broker.kombu.declaring import DeclaringChannel
-from objq_broker.kombu.outcomes import JOB_PROPERTY, QUEUE_PROPERTY
+from objq_broker.kombu.outcomes import JOB_PROPERTY, QUEUE_PROPERTY, TOKEN_PROPERTY
 from objq_broker.queue import Delivery
 
 if TYPE_CHECKING:
@@ -230,7 +230,24 @@ class Channel(DeclaringChannel):
         return names
 
     def _claim_order(self) -> list[str]:
-        return self._in_turn(self._active_queues)
+        """This channel's queues in turn, after the no-ack queues its connection's other
+        channels consume (see :meth:`riders`)."""
+        own = self._in_turn(self._active_queues)
+        return [*(q for q in self.riders() if q not in own), *own]
+
+    def consumed_without_ack(self) -> set[str]:
+        """This channel's no-ack queues that it consumes now."""
+        return self._no_ack_queues.intersection(self._active_queues)
+
+    def riders(self) -> frozenset[str]:
+        """The no-ack queues consumed on this channel's connection, which its claims take
+        from too, first. Celery's remote control (a revoke, a broadcast) and its events come
+        on no-ack queues of their own channels; a claim of the task queue that finds a task
+        also finds any such message sent before it (both are read from one state), so the
+        worker sees the control message first, as on a broker that pushes messages in the
+        order they were sent. They are settled when handed out and counted against no
+        prefetch window, so riding along costs a queue name in the claim and nothing else."""
+        return self.connection.no_ack_queues() if self.connection is not None else frozenset()
 
     def _claim(self, queues: list[str], n: int, no_ack: set[str]) -> list[_Raw]:
         """Lease up to ``n`` messages now, outside the window; (raw kombu message, queue)."""
@@ -253,6 +270,7 @@ class Channel(DeclaringChannel):
             props["delivery_tag"] = delivery.token  # unique per delivery, unlike a publish tag
             # Which job this is, for the task's outcome (see objq_broker.kombu.outcomes).
             props[JOB_PROPERTY], props[QUEUE_PROPERTY] = delivery.job.id, delivery.job.queue
+            props[TOKEN_PROPERTY] = delivery.token  # the lease its note must show
             info = props.setdefault("delivery_info", {})
             if delivery.job.attempts > 1:
                 info["redelivered"] = raw["redelivered"] = True
@@ -263,41 +281,34 @@ class Channel(DeclaringChannel):
 
     # --- evented delivery (kombu's Hub, see objq_broker.kombu.events) ---------------------
 
-    def pump(self, poll: bool) -> int:
-        """Hand claimed messages to the consumers as far as the prefetch window allows, and
-        keep one claim in flight while they can take more; never blocks; returns how many it
-        handed out. ``poll``: the loop's timer called, so an empty queue is claimed from again."""
+    def collect(self, poll: bool) -> list[Delivery]:
+        """Claimed messages the consumers can take now (as far as the prefetch window allows;
+        riders whatever it allows), in the order claimed; keeps one claim in flight while they
+        can take more. Never blocks. ``poll``: the loop's timer called, so an empty queue is
+        claimed from again. Hand them out with :meth:`hand_out`."""
         if self.closed or not self._consumers:
-            return 0
+            return []
         window = self.window
         if poll:
             window.look_again()
-        handed_out = 0
-        while True:
-            room = self.qos.can_consume_max_estimate() if self.qos.can_consume() else 0
-            found = window.poll(room)  # (with the window shut: gives back a hoard)
-            if not found:
-                return handed_out
-            self._hand_out(found)
-            handed_out += len(found)
+        room = self.qos.can_consume_max_estimate() if self.qos.can_consume() else 0
+        # (with the window shut: gives back a hoard)
+        return window.poll(room, unmetered=self.riders())
 
-    def _hand_out(self, found: list[Delivery]) -> None:
-        """Deliver claimed messages to their consumers' callbacks."""
-        callbacks = self.connection._callbacks
-        orphans: list[str] = []
-        for index, delivery in enumerate(found):
-            queue = delivery.job.queue
-            if queue not in callbacks or queue not in self._active_queues:
-                orphans.append(delivery.token)  # its consumer was cancelled after the claim
-                continue
-            try:
-                for raw, _ in self._accept([delivery], self._no_ack_queues):
-                    callbacks[queue](raw)
-            except BaseException:
-                self._release_tags(orphans + [d.token for d in found[index + 1 :]])
-                raise
-        if orphans:
-            self._release_tags(orphans)
+    def hand_out(self, delivery: Delivery) -> None:
+        """Deliver one collected message to its consumer's callback (a rider to the consumer
+        on its own channel); give it back if that consumer was cancelled since the claim."""
+        queue = delivery.job.queue
+        callback = self.connection._callbacks.get(queue)
+        if callback is None or (queue not in self._active_queues and queue not in self.riders()):
+            self._release_tags([delivery.token])
+            return
+        for raw, _ in self._accept([delivery], self._no_ack_queues | self.riders()):
+            callback(raw)
+
+    def give_back(self, deliveries: Iterable[Delivery]) -> None:
+        """Release collected messages that were not handed out."""
+        self._release_tags([d.token for d in deliveries])
 
     # --- settling --------------------------------------------------------------------------
 

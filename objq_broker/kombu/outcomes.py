@@ -18,9 +18,11 @@ from objq_broker.errors import MAX_JOB_ERROR_CHARS, job_error
 
 log = logging.getLogger(__name__)
 
-#: Message properties the transport adds on hand-out: which objq job and queue a message is.
+#: Message properties the transport adds on hand-out: which objq job and queue a message is,
+#: and the lease token it was delivered under (a note must show it).
 JOB_PROPERTY = "objq_job"
 QUEUE_PROPERTY = "objq_queue"
+TOKEN_PROPERTY = "objq_token"
 #: One connection of the signal handlers, however many times the transport is imported.
 _DISPATCH_UID = "objq_broker.kombu.outcomes"
 
@@ -58,13 +60,14 @@ def _note(task: Any, request: Any, outcome: str, error: str | None) -> None:
         return
     properties = getattr(request, "properties", None) or {}
     job_id, queue = properties.get(JOB_PROPERTY), properties.get(QUEUE_PROPERTY)
-    if not isinstance(job_id, str) or not isinstance(queue, str):
+    token = properties.get(TOKEN_PROPERTY)
+    if not isinstance(job_id, str) or not isinstance(queue, str) or not isinstance(token, str):
         return  # not delivered by an objq transport
     try:
         with task.app.pool.acquire(block=True) as connection:
             transport = connection.transport
             if getattr(transport, "driver_type", None) != "objq":
                 return
-            transport.open_queue().note_outcome(job_id, queue, outcome, error=error)
+            transport.open_queue().note_outcome(job_id, queue, outcome, token=token, error=error)
     except Exception as exc:  # the outcome is lost, the task's own result is not
         log.warning("could not archive outcome %s of job %s: %s", outcome, job_id, exc)

@@ -41,11 +41,12 @@ Mapping onto objq (see ``docs/celery.md``):
 # (kombu is only partly annotated)
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import sys
 import threading
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from typing import Any
 
 try:
@@ -260,8 +261,38 @@ class Transport(virtual.Transport):
 
     def pump(self, poll: bool = False) -> int:
         """In the loop: hand every channel's claimed messages to its consumers (``poll``: the
-        loop's timer called, so empty queues are claimed from again); how many it handed out."""
-        return sum(channel.pump(poll) for channel in list(self.channels))
+        loop's timer called, so empty queues are claimed from again); how many it handed out.
+
+        What the channels hold goes out in the order it was sent (each job's sequence number
+        in the state), not channel by channel: a worker consumes its tasks on one channel and
+        its remote control on another, and a revoke sent just before a task must reach it
+        first. Each channel's own order (priorities, its queues' turns) is kept."""
+        handed_out = 0
+        while True:
+            collected = [(c, c.collect(poll)) for c in list(self.channels)]
+            poll = False
+            if not any(found for _, found in collected):
+                return handed_out
+            merged = in_sent_order(collected)
+            for index, (channel, delivery) in enumerate(merged):
+                try:
+                    channel.hand_out(delivery)
+                except BaseException:
+                    # The rest were never handed over: give them back rather than hold them.
+                    for owner, rest in _by_channel(merged[index + 1 :]).items():
+                        owner.give_back(rest)
+                    raise
+            handed_out += len(merged)
+
+    def no_ack_queues(self) -> frozenset[str]:
+        """The queues this connection's channels consume without acks (see
+        :meth:`Channel.riders <objq_broker.kombu.channel.Channel.riders>`)."""
+        return frozenset(
+            queue
+            for channel in list(self.channels)
+            if not channel.closed
+            for queue in channel.consumed_without_ack()
+        )
 
     def _leave_event_loop(self) -> None:
         stop, self._stop_arrivals = self._stop_arrivals, None
@@ -293,6 +324,32 @@ class Transport(virtual.Transport):
     def drop(self, tokens: Set[str]) -> None:
         for channel in self._all_channels():
             channel.drop(tokens)
+
+
+def in_sent_order(
+    collected: Sequence[tuple[ObjqChannel, list[Delivery]]],
+) -> list[tuple[ObjqChannel, Delivery]]:
+    """The channels' deliveries as one sequence: each time, the first undelivered one of
+    each channel is compared and the one sent first (lowest sequence number) goes. Each
+    channel's own order is kept even where it is not the order sent (a priority, a queue's
+    turn): only the choice between channels follows the sending order."""
+    heads = [(channel, collections.deque(found)) for channel, found in collected if found]
+    merged: list[tuple[ObjqChannel, Delivery]] = []
+    while heads:
+        channel, pending = min(heads, key=lambda head: head[1][0].job.seq)
+        merged.append((channel, pending.popleft()))
+        if not pending:
+            heads = [head for head in heads if head[1]]
+    return merged
+
+
+def _by_channel(
+    pairs: Iterable[tuple[ObjqChannel, Delivery]],
+) -> dict[ObjqChannel, list[Delivery]]:
+    grouped: dict[ObjqChannel, list[Delivery]] = {}
+    for channel, delivery in pairs:
+        grouped.setdefault(channel, []).append(delivery)
+    return grouped
 
 
 def _owner() -> str:

@@ -9,8 +9,10 @@ JSON report), a ``pytest.ini`` and Celery's ``integration-tests-config.json``.
 Each module runs with pytest in a subprocess of its own (its settings, not objq's
 ``filterwarnings = error``), configured as Celery's CI configures it: ``TEST_BROKER`` is an
 objq broker URL and ``TEST_BACKEND`` objq's result backend (``objq+file://``, a folder beside
-the broker's), so nothing else runs. Celery's conftest starts the worker inside that process
-(``celery.contrib.testing``). Tests that need Redis as the result backend skip themselves.
+the broker's). Celery's conftest starts the worker inside that process
+(``celery.contrib.testing``). Tests that keep what ran in Redis (a side channel, not the result
+backend) get a redis-server of their own run (see ``REDIS_CHECK``); without one on the
+machine they skip themselves.
 
 Run it by hand (pytest arguments after ``--``)::
 
@@ -23,6 +25,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -35,6 +38,7 @@ from typing import Any
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 from tests.support import upstream_sdist
 from tests.support.processes import kill
+from tests.support.servers import RedisServer, start_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -58,6 +62,17 @@ SHARDS = {"t/integration/test_tasks.py": 1, "t/integration/test_canvas.py": 2}
 #: which share of the module's tests to run (``k/n``).
 REPORT_ENV = "OBJQ_SUITE_REPORT"
 SHARD_ENV = "OBJQ_SUITE_SHARD"
+#: Set (to its URL) when the run has a redis-server to record into: see ``REDIS_CHECK``.
+SIDE_CHANNEL_ENV = "OBJQ_SUITE_SIDE_CHANNEL"
+#: How the suite asks whether the result backend is Redis. Some 120 tests skip themselves
+#: unless it is, though most only keep what ran in a Redis server (``redis_echo``,
+#: ``redis_count``: a side channel), not in the backend. The check is widened to read
+#: ``side_channel.backend_for_redis_check(...)``, which lets objq's backend through while the
+#: run has a redis-server to record into; tests that read the Redis backend's own keys or
+#: subscriptions are deselected in ``celery_conftest.py``, each with its reason.
+REDIS_CHECK = re.compile(r"\bmanager\.app\.conf\.result_backend\.startswith\(")
+WIDENED_CHECK = "backend_for_redis_check(manager.app.conf.result_backend).startswith("
+SIDE_CHANNEL_IMPORT = "from t.integration.side_channel import backend_for_redis_check\n"
 #: Settings Celery's conftest merges into the app's (``integration-tests-config.json``).
 CELERY_OVERRIDES: dict[str, Any] = {
     # Nothing objq-specific beyond the URLs: TEST_BROKER and TEST_BACKEND name the stores.
@@ -90,6 +105,7 @@ def prepare_suite() -> Path:
         sdist, f"celery-{version}", ["t/integration", "t/__init__.py"], root
     )
     _unpack_helpers(sdist, f"celery-{version}", root)
+    _widen_redis_checks(sdist, f"celery-{version}", root)
     upstream_sdist.write_if_changed(root / "conftest.py", (HERE / "celery_conftest.py").read_text())
     upstream_sdist.write_if_changed(root / "pytest.ini", _INI)
     upstream_sdist.write_if_changed(
@@ -111,6 +127,26 @@ def _unpack_helpers(sdist: Path, top: str, root: Path) -> None:
             handle = archive.extractfile(member)
             if handle is not None:
                 upstream_sdist.write_if_changed(root / path, handle.read().decode())
+
+
+def _widen_redis_checks(sdist: Path, top: str, root: Path) -> None:
+    """Rewrite the modules of ``MODULES`` from the sdist's text, with ``REDIS_CHECK`` widened
+    (written afresh each time, so an unpacked suite follows this harness)."""
+    upstream_sdist.write_if_changed(
+        root / "t/integration/side_channel.py", (HERE / "celery_side_channel.py").read_text()
+    )
+    with tarfile.open(sdist) as archive:
+        for module in MODULES:
+            handle = archive.extractfile(archive.getmember(f"{top}/{module}"))
+            assert handle is not None, f"{sdist}: {module} is not a file"
+            text = handle.read().decode()
+            widened, count = REDIS_CHECK.subn(WIDENED_CHECK, text)
+            if count:
+                # After the module's docstring and __future__ imports: before its first import.
+                first = re.search(r"^(import |from (?!__future__))", widened, flags=re.MULTILINE)
+                at = first.start() if first is not None else 0
+                widened = widened[:at] + SIDE_CHANNEL_IMPORT + widened[at:]
+            upstream_sdist.write_if_changed(root / module, widened)
 
 
 # --- running the suite -------------------------------------------------------------------------
@@ -149,16 +185,25 @@ def run_suite(
     report_path.unlink(missing_ok=True)
     log_path = report_path.with_suffix(".log")
     started = time.monotonic()
+    # One redis-server per run (shares run side by side, and the tests use fixed keys), for
+    # the tests that record what ran in it; without one they skip themselves, as before.
+    redis = _side_channel(env)
     # Output goes to a file, not a pipe: what ran before a hang is still there to read.
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
-        )
-        try:
-            returncode = process.wait(timeout=RUN_TIMEOUT_SECONDS[module])
-        except subprocess.TimeoutExpired:
-            returncode = kill(process)
-            log.write(f"\n(killed: the run took over {RUN_TIMEOUT_SECONDS[module]} s)\n")
+    try:
+        with log_path.open("w") as log:
+            if redis is None:
+                log.write(f"(no redis-server: {SIDE_CHANNEL_TESTS_SKIP})\n")
+            process = subprocess.Popen(
+                command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+            )
+            try:
+                returncode = process.wait(timeout=RUN_TIMEOUT_SECONDS[module])
+            except subprocess.TimeoutExpired:
+                returncode = kill(process)
+                log.write(f"\n(killed: the run took over {RUN_TIMEOUT_SECONDS[module]} s)\n")
+    finally:
+        if redis is not None:
+            redis.stop()
     seconds = time.monotonic() - started
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     output = log_path.read_text()
@@ -167,6 +212,25 @@ def run_suite(
         f"celery {report.get('celery')} {module}{share} on {broker_url}, results on {backend_url}"
     )
     return upstream_sdist.SuiteRun(title, returncode, seconds, report, output, command)
+
+
+SIDE_CHANNEL_TESTS_SKIP = "the tests that record what ran in Redis skip themselves"
+
+
+def _side_channel(env: dict[str, str]) -> RedisServer | None:
+    """Start a redis-server for the run and point Celery's ``get_redis_connection`` at it
+    (``REDIS_HOST``, ``REDIS_PORT``); None when there is no redis-server (or the broker or
+    backend is Celery's Redis one, which brings its own)."""
+    env.pop(SIDE_CHANNEL_ENV, None)
+    if any(env[name].startswith("redis") for name in ("TEST_BROKER", "TEST_BACKEND")):
+        return None
+    try:
+        server = start_redis()
+    except RuntimeError:
+        return None
+    env.update(REDIS_HOST="127.0.0.1", REDIS_PORT=str(server.port))
+    env[SIDE_CHANNEL_ENV] = server.url
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,11 @@
 """Celery's own integration tests (``t/integration/test_tasks.py`` and ``test_canvas.py``) with
-objq as the broker and as the result backend: nothing else runs, no Redis.
+objq as the broker and as the result backend (a redis-server of the run's own only records what
+the tests' tasks did, where Celery's tests keep that in Redis).
 
 The suite comes from the sdist of the installed Celery (downloaded once into ``.upstream/``)
 and each module runs in a subprocess of its own with Celery's pytest settings; see
-``celery_upstream.py``. Tests that need Redis as the result backend skip themselves; the ones
+``celery_upstream.py``. Tests that read the Redis result backend's own state, and those that
+record into Redis when no redis-server is installed, skip themselves or are left out; the ones
 left out or expected to fail are listed with their reasons in ``celery_conftest.py``.
 """
 

@@ -88,7 +88,7 @@ def test_the_broker_decoder_refuses_every_hostile_value_of_every_operation() -> 
     hostile = [
         model_ops.Ack("j", "t" * 2000),
         model_ops.Nack("j", "t", jitter=1e300),
-        model_ops.NoteOutcome("j", "q", "failed", error="e" * 10_000),
+        model_ops.NoteOutcome("j", "q", "t", "failed", error="e" * 10_000),
         model_ops.Claim(["q"], ["t"] * 200_000, "o"),
         model_ops.Heartbeat([("j", "")]),
         model_ops.Release([("", "t")]),

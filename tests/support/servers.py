@@ -380,7 +380,7 @@ def _wait_until_answering(
         raise RuntimeError(str(exc)) from None
 
 
-# --- redis-server (the anchor of the benchmarks; no test needs it) ------------------------------
+# --- redis-server (the anchor of the benchmarks, and what Celery's own suite keeps notes in) -----
 
 #: redis-server without persistence: an acknowledged write lives only in memory.
 REDIS_IN_MEMORY = ("--save", "", "--appendonly", "no")

@@ -13,6 +13,7 @@ from celery.backends.base import KeyValueStoreBackend
 from celery.canvas import maybe_signature
 from celery.exceptions import ChordError
 from celery.result import GroupResult, allow_join_result
+from celery.utils.functional import _regen
 from celery.utils.log import get_logger
 from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
@@ -241,7 +242,16 @@ class ObjqBackend(KeyValueStoreBackend):  # type: ignore[misc]
         group_id, results = header_result_args[0], header_result_args[1]
         # A frozen chord applied again keeps its group id: this run counts from nothing.
         self._chords.start(self.get_key_for_chord(group_id))
-        if isinstance(results, list | tuple) and any(isinstance(r, GroupResult) for r in results):
+        # A generator header reaches here as Celery's lazy ``_regen`` (a list subclass) whose
+        # items are the header's tasks being sent: walking it would send them all before the
+        # chord is set up (and exhaust the generator). Its shape cannot be known yet, so it
+        # is left alone, as Celery's Redis backend does.
+        lazy = isinstance(results, _regen)
+        if (
+            not lazy
+            and isinstance(results, list | tuple)
+            and any(isinstance(r, GroupResult) for r in results)
+        ):
             # Nested groups: the callback gets the header's shape, which only a join keeps.
             self.save_group(group_id, self.app.GroupResult(*header_result_args))
 

@@ -1,0 +1,95 @@
+"""Operations submitted by many threads, taken in batches by one worker thread: the engine's
+writer (a batch is one commit) and a broker client's sender (a batch is one session).
+
+A batch is taken when its worker is free, so the operations submitted while it committed the
+last one form the next: that is the group commit. Before taking one, the worker may linger
+(:meth:`Batcher.linger`) for the callers the last batch released, which are still submitting
+their next operations; otherwise half of them would ride every other batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+P = TypeVar("P")
+
+
+class Batcher(Generic[P]):
+    """Pending operations (items of any kind: ``size`` says how many bytes one carries) and
+    the worker thread that takes them, started by the first :meth:`add`.
+
+    ``cv`` guards the pending items and whatever state of its owner goes with them (closing,
+    fencing): :meth:`add`, :meth:`linger` and :meth:`take` are called holding it."""
+
+    def __init__(
+        self,
+        name: str,
+        work: Callable[[], None],
+        *,
+        size: Callable[[P], int],
+        max_items: int,
+        max_bytes: int,
+    ) -> None:
+        self.cv = threading.Condition()
+        self.pending: deque[P] = deque()
+        self._name, self._work, self._size = name, work, size
+        self.max_items, self.max_bytes = max_items, max_bytes
+        self.thread: threading.Thread | None = None
+        self._taken = 0  # items of the batch being worked on
+        self._callers = 0  # most items pending or being worked on since the last batch left
+        self._expected = 0  # ... as of the last batch done: how many the next one waits for
+
+    def add(self, item: P) -> None:
+        """Queue ``item`` for the next batch and wake the worker (starting it, the first time).
+        Call holding :attr:`cv`."""
+        self.pending.append(item)
+        self._callers = max(self._callers, len(self.pending) + self._taken)
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+            self.thread.start()
+        self.cv.notify()
+
+    def linger(self, span: float, *, stop: Callable[[], bool], target: int | None = None) -> None:
+        """Wait up to ``span`` seconds for ``target`` items to be pending (by default as
+        many as were pending or worked on at once during the last batch: the callers it
+        released), or until ``stop()``. Call holding :attr:`cv`."""
+        want = self._expected if target is None else target
+        end = time.monotonic() + span
+        while len(self.pending) < want and not stop():
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return
+            self.cv.wait(remaining)
+
+    @property
+    def full(self) -> bool:
+        """Whether as many items are pending as the last batch's callers (holding :attr:`cv`)."""
+        return len(self.pending) >= self._expected
+
+    def take(self) -> list[P]:
+        """The next batch (holding :attr:`cv`): up to ``max_items`` items and ``max_bytes``
+        bytes, but at least one, so an item larger than a batch travels alone."""
+        batch = [self.pending.popleft()]
+        size = self._size(batch[0])
+        while self.pending and len(batch) < self.max_items:
+            size += self._size(self.pending[0])
+            if size > self.max_bytes:
+                break
+            batch.append(self.pending.popleft())
+        self._taken = self._callers = len(batch)
+        return batch
+
+    def done(self) -> None:
+        """The batch taken last was worked on: the next lingers for its callers."""
+        with self.cv:
+            self._taken = 0
+            self._expected = self._callers
+
+    def drain(self) -> list[P]:
+        """Every pending item, taken out (holding :attr:`cv`): a worker that stops fails them."""
+        items, self.pending = list(self.pending), deque()
+        return items
