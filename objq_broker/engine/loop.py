@@ -54,9 +54,6 @@ _FATAL = (StateCorrupt, AccessDenied, BucketNotFound, WriterFenced, Configuratio
 class CommitLoop(StateLoader):
     """The layer of :class:`~objq_broker.engine.commit.Engine` that runs the writer thread."""
 
-    #: Operations of the batch being committed refused as making the state too large.
-    _refused = 0
-
     def _run(self) -> None:
         try:
             while True:
@@ -168,7 +165,6 @@ class CommitLoop(StateLoader):
         deadline = time.monotonic() + self.commit_deadline_seconds
         # Left by a batch that gave up: those writes may still land, so their objects stay.
         self._failed_tries = []
-        self._refused = 0  # operations refused as making the state too large
         tries = 0
         while True:
             tries += 1
@@ -214,16 +210,14 @@ class CommitLoop(StateLoader):
                     )
                 )
 
-    def _make_room(self, live: list[Pending], exc: StateTooLarge, refused: int) -> int:
-        """After a try whose state was too large: refuse what grew it (twice as many as
-        before, at least one) and return how many are refused now. When nothing left in
-        ``live`` adds to the state, fail it all (``live`` is emptied)."""
+    def _make_room(self, live: list[Pending], exc: StateTooLarge) -> None:
+        """After a try whose state was too large: refuse what grew it
+        (:func:`~objq_broker.engine.oversize.refuse_largest`). When nothing left in ``live``
+        adds to the state, fail it all (``live`` is emptied)."""
         self._invalidate()
-        count = refuse_largest(live, max(refused, 1), exc, self.store.url)
-        if count == 0:  # no try can do better
+        if refuse_largest(live, exc, self.store.url) == 0:  # no try can do better
             self._fail(live, StateFull(f"{self.store.url}: {exc}, {_NO_ROOM}"))
             live.clear()
-        return refused + count
 
     def _note_failure(self, exc: StorageError, deadline: float) -> float:
         """Count a failed try and drop the cache; returns the batch's deadline, restarted when
@@ -261,7 +255,7 @@ class CommitLoop(StateLoader):
             try:
                 self._write(state, attempt)
             except StateTooLarge as exc:
-                self._refused = self._make_room(live, exc, self._refused)
+                self._make_room(live, exc)
                 return not live  # settled when nothing is left to commit
             except StorageError as exc:
                 # Even a refused condition may hide a landed write: an SDK that retried a

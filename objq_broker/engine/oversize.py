@@ -4,9 +4,10 @@ most are refused (:class:`~objq_broker.errors.StateFull`), and the rest of the b
 A reader refuses a state over ``max_state_bytes`` (it cannot tell a huge state from a corrupt
 one), so a writer that stored one would stop every process of the namespace. The writer
 therefore never stores it: when a try's encoded state is too large, the batch is applied again
-without the operations that add the most, first one, then twice as many each time (a
-namespace that filled up over many commits refuses its growing operations in a few tries,
-not one by one), until it fits. Operations that only shrink the state or read it are never
+without the operations that carry the most, as many as carry the excess between them (what
+an operation carries is what it adds, near enough), until it fits: an operation of megabytes
+goes alone, and a namespace that filled up over many commits refuses its growing operations
+in a try or two, not one by one. Operations that only shrink the state or read it are never
 refused: acks, purges and deletes are how a full namespace makes room.
 
 Working a full namespace off takes claims, which add leases, so the last tenth of the limit
@@ -58,6 +59,8 @@ class StateTooLarge(Exception):
 
     def __init__(self, size: int, limit: int) -> None:
         self.producers_only = size <= limit
+        #: How many bytes too many: down to the share producers may fill.
+        self.excess = size - int(limit * (1 - CONSUMERS_SHARE))
         over = (
             f"in the last {CONSUMERS_SHARE:.0%} of max_state_bytes {limit}, kept for consumers"
             if self.producers_only
@@ -75,29 +78,20 @@ def check_size(size: int, limit: int, results: list[tuple[Pending, bool, Any]]) 
         raise StateTooLarge(size, limit)
 
 
-def refuse_largest(live: list[Pending], count: int, too_large: StateTooLarge, url: str) -> int:
-    """Refuse up to ``count`` of the operations of ``live`` that grow the state (inside
-    sessions too), those that carry the most first; returns how many were refused. A whole
-    operation leaves ``live`` with the error as its outcome; an operation inside a session is
-    replaced there by a :class:`Refused`, so the session's other operations still commit."""
-    refusable = _produces if too_large.producers_only else _grows
-    candidates: list[tuple[int, int, int | None]] = []  # (size, index in live, index in session)
-    for index, pending in enumerate(live):
-        op = pending.op
-        if isinstance(op, Session):
-            candidates += [
-                (_weight(inner), index, at) for at, inner in enumerate(op.ops) if refusable(inner)
-            ]
-        elif refusable(op):
-            candidates.append((_weight(op), index, None))
-    candidates.sort(key=lambda found: found[0], reverse=True)
-    chosen = candidates[:count]
-    whole: set[int] = set()
+#: Where an operation is: its index in the batch, and in its session (None: not in one).
+_Place = tuple[int, int | None]
+
+
+def refuse_largest(live: list[Pending], too_large: StateTooLarge, url: str) -> int:
+    """Refuse the operations of ``live`` that grow the state (inside sessions too), those that
+    carry the most first, until what they carry covers the excess (one at least); returns how
+    many were refused. A whole operation leaves ``live`` with the error as its outcome; an
+    operation inside a session is replaced there by a :class:`Refused`, so the session's other
+    operations still commit."""
+    chosen = _largest(live, too_large)
     inside: dict[int, set[int]] = {}
-    for _, index, at in chosen:
-        if at is None:
-            whole.add(index)
-        else:
+    for index, at in chosen:
+        if at is not None:
             inside.setdefault(index, set()).add(at)
     for index, positions in inside.items():
         session = live[index].op
@@ -107,11 +101,31 @@ def refuse_largest(live: list[Pending], count: int, too_large: StateTooLarge, ur
             for at, op in enumerate(session.ops)
         ]
         live[index].op = msgspec.structs.replace(session, ops=ops)
-    for index in sorted(whole, reverse=True):
+    for index in sorted({index for index, at in chosen if at is None}, reverse=True):
         pending = live.pop(index)
         if not pending.future.done():
             pending.future.set_exception(_error(pending.op, too_large, url))
     return len(chosen)
+
+
+def _largest(live: list[Pending], too_large: StateTooLarge) -> list[_Place]:
+    """The places of the operations to refuse: the largest that may be refused, as many as
+    carry the excess between them, and one at least (none when none may be)."""
+    refusable = _produces if too_large.producers_only else _grows
+    candidates: list[tuple[int, _Place]] = []
+    for index, pending in enumerate(live):
+        op = pending.op
+        inner = list(enumerate(op.ops)) if isinstance(op, Session) else [(None, op)]
+        candidates += [(_weight(one), (index, at)) for at, one in inner if refusable(one)]
+    candidates.sort(key=lambda found: found[0], reverse=True)
+    chosen: list[_Place] = []
+    carried = 0
+    for weight, place in candidates:
+        if chosen and carried >= too_large.excess:
+            break
+        chosen.append(place)
+        carried += weight
+    return chosen
 
 
 def _grows(op: Op[Any]) -> bool:
