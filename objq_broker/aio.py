@@ -24,7 +24,6 @@ from objq_broker.model.checks import checked_timeout, shown
 from objq_broker.model.ops import (
     DeadLetters,
     Expire,
-    FindJob,
     GetConfig,
     Op,
     QueueNames,
@@ -226,6 +225,8 @@ class AsyncQueue:
                 seen = self._commits
                 claim = self.sync.submit_claim(queue, n, lease=lease, owner=owner)
                 found = await asyncio.wrap_future(self.sync.then_fill(claim))
+                if not found and claim.result():
+                    continue  # every job it found was poison, dead-lettered: look again
                 pause = self.sync.next_poll_wait(bool(found))
                 if found or end is None or time.monotonic() >= end:
                     return found
@@ -319,7 +320,7 @@ class AsyncQueue:
         return await self._run(ops.stats(queues))
 
     async def job(self, job_id: str) -> tuple[JobState, Job] | None:
-        found = await self._run(FindJob(job_id))
+        found = await self._run(ops.find_job(job_id))
         if found is None:
             return None
         [job] = await self._filled([found[1]])

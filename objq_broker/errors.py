@@ -129,6 +129,11 @@ class BrokerUnreachable(StorageUnavailable):
     namespace); the client looks for another, or takes over, or commits directly."""
 
 
+class RequestRefused(ConfigurationError):
+    """The broker could not take a request as sent (an operation's value out of bounds, a
+    malformed body); nothing of it was applied."""
+
+
 class RequestTooLarge(ConfigurationError):
     """An operation is larger than a broker takes in one request; nothing of it was sent."""
 

@@ -24,7 +24,7 @@ import msgspec
 from objq_broker.errors import ConfigurationError, storable_text
 from objq_broker.model import ops
 from objq_broker.model.checks import (
-    MAX_IDENTIFIER,
+    MAX_ITEMS,
     Attempts,
     ClaimCount,
     Identifier,
@@ -140,7 +140,12 @@ class _Names(msgspec.Struct, frozen=True):
 
 
 class _Ids(msgspec.Struct, frozen=True):
-    ids: list[str] | None = None
+    ids: Annotated[list[Identifier], msgspec.Meta(max_length=MAX_ITEMS)] | None = None
+
+
+class _Held(msgspec.Struct, frozen=True):
+    job_id: Identifier
+    token: Identifier
 
 
 class _ListArgs(msgspec.Struct, frozen=True):
@@ -312,12 +317,8 @@ def _held(delivery: Delivery, where: str) -> tuple[str, str]:
     """The job id and lease token of ``delivery``, checked as the state holds them (a
     delivery is made from a claim, but an application may build one)."""
     job_id, token = delivery.held
-    for what, value in (("job id", job_id), ("lease token", token)):
-        if not isinstance(value, str) or not 0 < len(value) <= MAX_IDENTIFIER:
-            raise ConfigurationError(
-                f"{where}: {what}: expected 1-{MAX_IDENTIFIER} characters, found {shown(value)}"
-            )
-    return job_id, token
+    held = checked({"job_id": job_id, "token": token}, _Held, where)
+    return held.job_id, held.token
 
 
 def ack(delivery: Delivery, *, outcome: str = "done", error: str | None = None) -> ops.Ack:
@@ -378,6 +379,10 @@ def retry_dead(queue: str, ids: Sequence[str] | None) -> ops.RetryDead:
 
 def purge_dead(queue: str, ids: Sequence[str] | None) -> ops.PurgeDead:
     return ops.PurgeDead(queue_name(queue, "purge_dead"), _ids(ids, "purge_dead"))
+
+
+def find_job(job_id: str) -> ops.FindJob:
+    return ops.FindJob(checked({"job_id": job_id, "token": "-"}, _Held, "job").job_id)
 
 
 def stats(queues: Sequence[str]) -> ops.Stats:

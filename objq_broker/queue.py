@@ -250,7 +250,13 @@ class Queue(QueueAdmin):
         """One claim, payloads loaded. If it finds nothing and there is time left before
         ``end``, a second one waits at the broker for jobs when there is one. (The first goes
         with this process's other operations, its acks say, in one request.)"""
-        found = self.then_fill(self.submit_claim(queue, n, lease=lease, owner=owner)).result()
+        while True:
+            claim = self.submit_claim(queue, n, lease=lease, owner=owner)
+            found = self.then_fill(claim).result()
+            if found or not claim.result():
+                break
+            # Every job it found was poison, dead-lettered (see fill_deliveries): look again,
+            # rather than say the queue is empty.
         left = 0.0 if end is None else end - time.monotonic()
         if found or left <= 0:
             return found

@@ -14,7 +14,6 @@ from objq_broker.engine.batch import EngineMetrics
 from objq_broker.model.ops import (
     DeadLetters,
     Expire,
-    FindJob,
     GetConfig,
     QueueNames,
     Workers,
@@ -100,7 +99,7 @@ class QueueAdmin(QueueBase):
 
     def job(self, job_id: str) -> tuple[JobState, Job] | None:
         """A job's state ('ready', 'delayed', 'in-flight', 'dead') and record, if in the state."""
-        found = self.submit(FindJob(job_id)).result()
+        found = self.submit(ops.find_job(job_id)).result()
         return None if found is None else (found[0], self.fill(found[1], lenient=True))
 
     def jobs(

@@ -182,9 +182,9 @@ def test_settling_options_never_store_an_invalid_job(call: str, value: Any) -> N
 )
 def test_staged_enqueue_options_never_store_an_invalid_job(option: str, value: Any) -> None:
     def run(q: Queue) -> None:
-        q.store.put("staged/one.json", b'[["a", false], ["b", false]]')
+        q.store.put("staging/w1/one.json", b'[["a", false], ["b", false]]')
         count = value if option == "count" else 2
-        staged = [StagedBodies("staged/one.json", count)]
+        staged = [StagedBodies("staging/w1/one.json", count)]
         arguments: dict[str, Any] = {"write_id": "w1"}
         if option != "count":
             arguments[option] = value

@@ -40,6 +40,8 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import msgspec
+
 from objq_broker.broker import wire
 from objq_broker.broker.client import BrokerLink
 from objq_broker.broker.keys import require_token
@@ -54,6 +56,7 @@ from objq_broker.errors import (
     ConfigurationError,
     ObjqError,
     QueueClosed,
+    RequestRefused,
     WriterFenced,
 )
 from objq_broker.model.checks import MAX_SESSION_OPS
@@ -287,13 +290,8 @@ class ElectedCommitter(BrokerRouting):
             live = [(op, future) for op, future in batch if future.set_running_or_notify_cancel()]
             if not live:
                 continue
-            self._seq += 1
-            session = Session(self.client_id, self._seq, [op for op, _ in live])
             sent_at = time.monotonic()
-            try:
-                outcomes = self._commit(session)
-            except Exception as exc:  # every op learns why; nothing hangs
-                outcomes = [(False, exc)] * len(live)
+            outcomes = self._send([op for op, _ in live])
             self._sent.batches += 1
             self._sent.ops += len(live)
             self._count_job_events(live, outcomes)
@@ -306,6 +304,22 @@ class ElectedCommitter(BrokerRouting):
                     else:
                         future.set_exception(value)
             self._notify()
+
+    def _send(self, ops: list[Op[Any]]) -> Outcomes:
+        """Send ``ops`` as the next session and return their outcomes; every op learns why if
+        it failed, and nothing hangs. A session refused whole, unapplied (it did not encode,
+        or the broker's decoder refused a value of one operation), is sent again one
+        operation per session: the bad one fails alone, as it would in a direct commit."""
+        self._seq += 1
+        try:
+            return self._commit(Session(self.client_id, self._seq, ops))
+        except _REFUSED_WHOLE as exc:
+            if len(ops) == 1:
+                return [(False, exc)]
+            log.info("session refused whole (%s); sending its operations one by one", exc)
+            return [outcome for op in ops for outcome in self._send([op])]
+        except Exception as exc:
+            return [(False, exc)] * len(ops)
 
     def _count_job_events(
         self, live: list[tuple[Op[Any], Future[Any]]], outcomes: Outcomes
@@ -373,6 +387,11 @@ class _Lane:
     client: str
     seq: int = 0
 
+
+#: What a session refused before anything of it was applied raises: the broker's decoder
+#: refused a value, or it did not encode (a lone surrogate in a string is a
+#: ``UnicodeEncodeError``, a ``ValueError``).
+_REFUSED_WHOLE = (RequestRefused, ValueError, TypeError, msgspec.EncodeError)
 
 #: What a waiting claim gets where it cannot wait: direct commits, or an older broker.
 _CANNOT_WAIT: Outcomes = []

@@ -90,9 +90,12 @@ def encode_request(session: ops.Session) -> bytes:
 
 
 def decode_request(data: bytes) -> ops.Session:
-    """A request; :class:`~objq_broker.errors.ConfigurationError` if any operation is
-    malformed or out of range (nothing of the request is applied then)."""
-    return _decode(_request_decoder, data, "broker request")
+    """A request; :class:`~objq_broker.errors.RequestRefused` if any operation is malformed
+    or out of range (nothing of the request is applied then)."""
+    try:
+        return _request_decoder.decode(data)
+    except UNDECODABLE as exc:
+        raise errors.RequestRefused(f"broker request: {exc}") from None
 
 
 #: Longest a claim may wait at the broker in one request (a client waiting longer asks again).

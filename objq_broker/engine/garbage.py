@@ -49,7 +49,7 @@ import msgspec
 from objq_broker.engine.janitor import DELETE_THREADS, Janitor
 from objq_broker.errors import ObjqError, PreconditionFailed, StorageError
 from objq_broker.model.bodies import BODIES_PREFIX
-from objq_broker.model.checks import UNDECODABLE
+from objq_broker.model.checks import STAGING_PREFIX, UNDECODABLE
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs
 from objq_broker.storage.base import ObjectMeta, ObjectStore
 from objq_broker.storage.locks import sweep_locks
@@ -66,9 +66,9 @@ OPEN_WRITE_SECONDS = 7 * 24 * 3600.0
 DEFAULT_GC_INTERVAL_SECONDS = 3600.0
 #: The object that says when the namespace was last swept, and by whom.
 SWEEP_MARKER_KEY = "gc.json"
-#: Folder of the Spark writer's staged objects (``objq_broker.spark.write``, which this layer
-#: may not import), and the marker its driver writes once a write is committed or aborted.
-STAGING_PREFIX = "staging/"
+#: The marker the Spark writer's driver writes in a write's staging folder
+#: (``model.checks.STAGING_PREFIX``) once the write is committed or aborted
+#: (``objq_broker.spark.write``, which this layer may not import).
 CLOSED_MARKER = "_closed"
 
 Kind = Literal["bodies", "runs", "staging"]

@@ -8,7 +8,8 @@ without the operations that carry the most, as many as carry the excess between 
 an operation carries is what it adds, near enough), until it fits: an operation of megabytes
 goes alone, and a namespace that filled up over many commits refuses its growing operations
 in a try or two, not one by one. Operations that only shrink the state or read it are never
-refused: acks, purges and deletes are how a full namespace makes room.
+refused: acks, purges and deletes are how a full namespace makes room. A claim is not refused
+but asks for half as many jobs (a claim may always find fewer than it asks), down to one.
 
 Working a full namespace off takes claims, which add leases, so the last tenth of the limit
 is kept for consumers: past nine tenths, only what produces (enqueues, declares, settings,
@@ -25,6 +26,7 @@ from objq_broker.engine.batch import Pending
 from objq_broker.errors import StateFull
 from objq_broker.model.ops import (
     Ack,
+    Claim,
     Configure,
     Declare,
     DeleteQueue,
@@ -90,22 +92,34 @@ def refuse_largest(live: list[Pending], too_large: StateTooLarge, url: str) -> i
     operations still commit."""
     chosen = _largest(live, too_large)
     inside: dict[int, set[int]] = {}
+    whole: set[int] = set()
     for index, at in chosen:
         if at is not None:
             inside.setdefault(index, set()).add(at)
+        elif (smaller := _smaller(live[index].op)) is not None:
+            live[index].op = smaller
+        else:
+            whole.add(index)
     for index, positions in inside.items():
         session = live[index].op
         assert isinstance(session, Session)
         ops = [
-            Refused(_error(op, too_large, url)) if at in positions else op
+            (_smaller(op) or Refused(_error(op, too_large, url))) if at in positions else op
             for at, op in enumerate(session.ops)
         ]
         live[index].op = msgspec.structs.replace(session, ops=ops)
-    for index in sorted({index for index, at in chosen if at is None}, reverse=True):
+    for index in sorted(whole, reverse=True):
         pending = live.pop(index)
         if not pending.future.done():
             pending.future.set_exception(_error(pending.op, too_large, url))
     return len(chosen)
+
+
+def _smaller(op: Op[Any]) -> Claim | None:
+    """A claim asking for half as many jobs (None: not a claim, or one of a single job)."""
+    if not isinstance(op, Claim) or len(op.tokens) < 2:
+        return None
+    return msgspec.structs.replace(op, tokens=op.tokens[: len(op.tokens) // 2])
 
 
 def _largest(live: list[Pending], too_large: StateTooLarge) -> list[_Place]:

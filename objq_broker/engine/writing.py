@@ -20,7 +20,8 @@ from objq_broker.engine.bindings import unbind_queues
 from objq_broker.engine.oversize import StateTooLarge, check_size
 from objq_broker.engine.runs import MERGE_AT
 from objq_broker.errors import ObjqError
-from objq_broker.model.bodies import bodies_key, encode_bodies
+from objq_broker.model.bodies import BODIES_PREFIX, bodies_key, encode_bodies
+from objq_broker.model.checks import STAGING_PREFIX
 from objq_broker.model.encoding import check_encoded, encode_archive
 from objq_broker.model.records import RECENT_COMMITS, ArchiveRecord, Job, StateDoc
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs, run_key
@@ -117,12 +118,12 @@ class StateWriter(EngineBase):
         unused, state.unused_bodies = state.unused_bodies, []
         for key in unused:
             self.bodies.forget(key)
-        self._janitor.delete(unused, "unused bodies object")
+        self._janitor.delete(_ours(unused, BODIES_PREFIX), "unused bodies object")
         consumed, state.unused_runs = state.unused_runs, []
         for key in consumed:
             self._run_cache.pop(key, None)
             self._key_cache.pop(key, None)
-        self._janitor.delete(consumed, "consumed run")
+        self._janitor.delete(_ours(consumed, RUNS_PREFIX), "consumed run")
         self._unbind_removed(state)
         self._sweep(state)
         if self.spill_at is not None:
@@ -233,3 +234,14 @@ class StateWriter(EngineBase):
 
     def _delete_quietly(self, key: str, what: str) -> None:
         self._janitor.delete_now(key, what)
+
+
+def _ours(keys: list[str], prefix: str) -> list[str]:
+    """Those of ``keys`` that objq wrote for this purpose (under ``prefix``) or a staged write
+    wrote ahead (under ``staging/``): the only objects a commit that freed them may delete.
+    Anything else a state names (a staged write of an older release could name any key) is
+    left where it is, and said so."""
+    kept = [key for key in keys if key.startswith((prefix, STAGING_PREFIX))]
+    for key in set(keys) - set(kept):
+        log.error("not deleting %s: a freed object outside %s and %s", key, prefix, STAGING_PREFIX)
+    return kept

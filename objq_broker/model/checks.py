@@ -57,6 +57,22 @@ QueueName = Annotated[
     str, Meta(min_length=1, max_length=MAX_QUEUE_NAME, pattern=_QUEUE_NAME_PATTERN)
 ]
 Identifier = Annotated[str, Meta(min_length=1, max_length=MAX_IDENTIFIER, pattern=_TEXT_PATTERN)]
+#: Where objects written ahead of a staged write live (the Spark writer's layout): the state
+#: deletes them once their jobs are gone, so a staged write may name nothing else (not the
+#: state, not another queue's run), and no ``.`` or ``..`` step.
+STAGING_PREFIX = "staging/"
+_STAGED_PATTERN = r"^(?!.*(?:^|/)\.{1,2}(?:/|$))staging/[^\ud800-\udfff]+$"
+StagedKey = Annotated[
+    str,
+    Meta(
+        max_length=MAX_IDENTIFIER,
+        pattern=_STAGED_PATTERN,
+    ),
+]
+#: A finite time or order position (a NaN or an infinity would be written as null).
+Finite = Annotated[float, Meta(ge=-1e18, le=1e18)]
+#: Where a job sorts in its run: (priority or time, sequence number).
+OrderPosition = tuple[Finite, Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]]
 #: A job's error text, as it may enter the state.
 ErrorText = Annotated[str, Meta(max_length=MAX_ERROR_TEXT, pattern=_TEXT_PATTERN)]
 #: The random draw a nack's backoff uses (``backoff_seconds``): 0 to 1.
@@ -90,6 +106,7 @@ _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _PATTERNS = {
     _QUEUE_NAME_PATTERN: f"a queue name (1-{MAX_QUEUE_NAME} printable characters without '/')",
     _TEXT_PATTERN: "text UTF-8 can hold (no lone surrogates)",
+    _STAGED_PATTERN: ("a key under staging/ (no '.' or '..' steps)"),
 }
 
 

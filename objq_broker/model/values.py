@@ -16,14 +16,17 @@ from objq_broker.model.checks import (
     MAX_QUEUE_NAME,
     MAX_STAGED_ENTRIES,
     Attempts,
+    Finite,
     Identifier,
+    OrderPosition,
     Priority,
     QueueName,
     SignedSeconds,
+    StagedKey,
     checked,
     shown,
 )
-from objq_broker.model.records import Job, JobState, OrderKey, Outcome, QueueConfig, RunRef
+from objq_broker.model.records import Job, JobState, Outcome, QueueConfig, RunRef
 from objq_broker.model.runs import MAX_RUN_JOBS
 
 #: Idempotency keys of staged writes (``enqueue_staged``) start with this, so they never meet
@@ -53,7 +56,7 @@ class StagedBodies(msgspec.Struct, frozen=True):
     ``priorities`` and ``delays`` give each entry its own priority or delay (seconds); None
     means the batch's value for every entry."""
 
-    key: Identifier
+    key: StagedKey
     count: Annotated[int, msgspec.Meta(ge=1, le=MAX_STAGED_ENTRIES)]
     priorities: tuple[Priority, ...] | None = None
     delays: tuple[SignedSeconds, ...] | None = None
@@ -64,13 +67,13 @@ class StagedRun(msgspec.Struct, frozen=True):
     refer to entries of the bodies object ``bodies`` and are numbered from 0; ``next``,
     ``last`` and ``oldest`` are as in its :class:`RunRef`."""
 
-    key: Identifier
-    bodies: Identifier
+    key: StagedKey
+    bodies: StagedKey
     kind: Literal["ready", "timed"]
     count: Annotated[int, msgspec.Meta(ge=1, le=MAX_RUN_JOBS)]
-    next: OrderKey
-    last: OrderKey
-    oldest: float
+    next: OrderPosition
+    last: OrderPosition
+    oldest: Finite
 
     def ref(self) -> RunRef:
         return RunRef(

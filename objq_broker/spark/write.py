@@ -54,7 +54,14 @@ from objq_broker.broker.settings import broker_settings
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ObjqError, QueueError
 from objq_broker.model.bodies import encode_bodies
-from objq_broker.model.checks import Attempts, Priority, QueueName, SignedSeconds, checked
+from objq_broker.model.checks import (
+    STAGING_PREFIX,
+    Attempts,
+    Priority,
+    QueueName,
+    SignedSeconds,
+    checked,
+)
 from objq_broker.model.records import Job, QueueConfig, encode_payload
 from objq_broker.model.runs import MAX_RUN_JOBS, build_run
 from objq_broker.ops import StagedRun
@@ -64,8 +71,6 @@ from objq_broker.storage import ObjectStore, open_store
 
 log = logging.getLogger("objq_broker.spark")
 
-#: Folder of the objects a write stages before its commit.
-STAGING_PREFIX = "staging/"
 #: Rows per staged object (and run): a worker that claims one job loads (and caches) its
 #: whole bodies object, and the run it is in. At most MAX_RUN_JOBS.
 DEFAULT_ROWS_PER_OBJECT = 10_000

@@ -263,6 +263,11 @@ def _open(url: str, options: dict[str, Any]) -> tuple[ObjectStore, bool | None]:
     opts = _collect_options(scheme, parts.query, options, url)
     check: bool | None = opts.pop("check_conditions", None)
     if scheme == "memory":
+        if "@" in parts.netloc:  # memory://user:pw@name: a secret where a name is expected
+            raise ConfigurationError(
+                f"storage URL {redacted(url)!r}: expected memory://NAME, found a name with "
+                "'@'; credentials do not go in a storage URL"
+            )
         name = (parts.netloc + parts.path).strip("/") or "default"
         with _memory_lock:
             return _memory_stores.setdefault(name, MemoryStore(name)), check

@@ -36,7 +36,7 @@ BAD: dict[str, Callable[[Delivery], Any]] = {
     ),
     "staged runs that are not stored": lambda d: ops.enqueue_runs(
         "q",
-        [StagedRun("runs/ghost.json", "bodies/ghost.json", "ready", 1, (0, 0), (0, 0), 0.0)],
+        [StagedRun("staging/g/run.json", "staging/g/b.json", "ready", 1, (0, 0), (0, 0), 0.0)],
         write_id=f"w-{d.id}",
     ),
     "an enqueue past max_state_bytes": lambda d: ops.enqueue("q", [b"b" * 100] * 4000),
