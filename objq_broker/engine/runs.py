@@ -79,19 +79,26 @@ def read_into(
 
 def check_staged(store: ObjectStore, queue: str, runs: Sequence[StagedRun]) -> dict[str, str]:
     """Why each of ``runs`` (written ahead of a staged write to ``queue``) cannot be added:
-    not stored, or not decoding as the run it says it is. Read and thrown away: a staged
-    run's jobs are numbered from 0 until the write gives them their place."""
-    unreadable: dict[str, str] = {}
-    for run in runs:
+    not stored, or not decoding as the run it says it is. Read in parallel (a Spark write
+    stages many) and thrown away: a staged run's jobs are numbered from 0 until the write
+    gives them their place."""
+
+    def problem(run: StagedRun) -> str | None:
         blob = store.read(run.key)
         if blob is None:
-            unreadable[run.key] = "expected a run object stored ahead of the write, found none"
-            continue
+            return "expected a run object stored ahead of the write, found none"
         try:
             decode_run(run.ref(), queue, blob.data)
         except StateCorrupt as exc:
-            unreadable[run.key] = str(exc)
-    return unreadable
+            return str(exc)
+        return None
+
+    if len(runs) > 1:
+        with ThreadPoolExecutor(min(READ_THREADS, len(runs)), "objq-staged") as pool:
+            found = list(pool.map(problem, runs))
+    else:
+        found = [problem(run) for run in runs]
+    return {run.key: why for run, why in zip(runs, found, strict=True) if why is not None}
 
 
 class MergeReads:
