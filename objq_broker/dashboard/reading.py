@@ -216,8 +216,11 @@ def _row(state: str, job: Job) -> JobRow:
     if job.ref is not None and not job.body:
         return JobRow(state, job, None, f"<{job.ref}>")
     if job.b64:
-        size = len(job.shown_payload)
-        return JobRow(state, job, None, f"<{size:,} bytes{_INVALID if _poison(job) else ''}>")
+        try:
+            shown = f"<{len(job.payload):,} bytes>"
+        except PayloadInvalid:  # a row shows its raw size, and says why consumers refuse it
+            shown = f"<{len(job.body.encode()):,} bytes{_INVALID}>"
+        return JobRow(state, job, None, shown)
     text = " ".join(job.body.split())
     cut = text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
     return JobRow(state, job, task_name(job.payload), cut)
@@ -269,11 +272,3 @@ def job_detail(state: str, job: Job, read_at: float, **where: str) -> JobDetail:
 
 #: How a row marks a job whose body is marked base64 and is not (consumers dead-letter it).
 _INVALID = ", marked base64 but not"
-
-
-def _poison(job: Job) -> bool:
-    try:
-        job.payload  # noqa: B018  (decodes, or raises)
-    except PayloadInvalid:
-        return True
-    return False

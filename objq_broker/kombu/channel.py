@@ -281,11 +281,12 @@ class Channel(DeclaringChannel):
 
     # --- evented delivery (kombu's Hub, see objq_broker.kombu.events) ---------------------
 
-    def collect(self, poll: bool) -> list[Delivery]:
+    def collect(self, poll: bool, riders: frozenset[str]) -> list[Delivery]:
         """Claimed messages the consumers can take now (as far as the prefetch window allows;
-        riders whatever it allows), in the order claimed; keeps one claim in flight while they
-        can take more. Never blocks. ``poll``: the loop's timer called, so an empty queue is
-        claimed from again. Hand them out with :meth:`hand_out`."""
+        ``riders``, this connection's :meth:`riders`, whatever it allows), in the order
+        claimed; keeps one claim in flight while they can take more. Never blocks. ``poll``:
+        the loop's timer called, so an empty queue is claimed from again. Hand them out with
+        :meth:`hand_out`."""
         if self.closed or not self._consumers:
             return []
         window = self.window
@@ -293,17 +294,18 @@ class Channel(DeclaringChannel):
             window.look_again()
         room = self.qos.can_consume_max_estimate() if self.qos.can_consume() else 0
         # (with the window shut: gives back a hoard)
-        return window.poll(room, unmetered=self.riders())
+        return window.poll(room, unmetered=riders)
 
-    def hand_out(self, delivery: Delivery) -> None:
-        """Deliver one collected message to its consumer's callback (a rider to the consumer
-        on its own channel); give it back if that consumer was cancelled since the claim."""
+    def hand_out(self, delivery: Delivery, riders: frozenset[str]) -> None:
+        """Deliver one collected message to its consumer's callback (a rider, one of
+        ``riders``, to the consumer on its own channel); give it back if that consumer was
+        cancelled since the claim."""
         queue = delivery.job.queue
         callback = self.connection._callbacks.get(queue)
-        if callback is None or (queue not in self._active_queues and queue not in self.riders()):
+        if callback is None or (queue not in self._active_queues and queue not in riders):
             self._release_tags([delivery.token])
             return
-        for raw, _ in self._accept([delivery], self._no_ack_queues | self.riders()):
+        for raw, _ in self._accept([delivery], self._no_ack_queues | riders):
             callback(raw)
 
     def give_back(self, deliveries: Iterable[Delivery]) -> None:

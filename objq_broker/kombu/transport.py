@@ -269,14 +269,16 @@ class Transport(virtual.Transport):
         first. Each channel's own order (priorities, its queues' turns) is kept."""
         handed_out = 0
         while True:
-            collected = [(c, c.collect(poll)) for c in list(self.channels)]
+            # Once a round, not once a message: it walks every channel of the connection.
+            riders = self.no_ack_queues()
+            collected = [(c, c.collect(poll, riders)) for c in list(self.channels)]
             poll = False
             if not any(found for _, found in collected):
                 return handed_out
             merged = in_sent_order(collected)
             for index, (channel, delivery) in enumerate(merged):
                 try:
-                    channel.hand_out(delivery)
+                    channel.hand_out(delivery, riders)
                 except BaseException:
                     # The rest were never handed over: give them back rather than hold them.
                     for owner, rest in _by_channel(merged[index + 1 :]).items():
