@@ -7,7 +7,7 @@ those 10, 20 times, reported as milliseconds per commit alongside the state obje
 every commit writes) and the worker's peak memory. ``--in-flight N``: the worker first claims N
 (filled on top of each depth) and holds them while it is timed (their leases live in the state).
 
-The segmented state (``docs/segments.md``) is on, with the library's bound unless
+The segmented state (``docs/runs.md``) is on, with the library's bound unless
 ``--spill-at N`` says otherwise; ``--no-spill`` measures the state as one object.
 
     python benchmarks/commit_cost.py

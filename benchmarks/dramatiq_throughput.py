@@ -575,7 +575,7 @@ def main() -> None:
         "--deep", type=int, default=None, help="only objq file:// drains: --messages, then this"
     )
     parser.add_argument(
-        "--spill-at", type=int, default=None, help="ObjqBroker(spill_at=...) (docs/segments.md)"
+        "--spill-at", type=int, default=None, help="ObjqBroker(spill_at=...) (docs/runs.md)"
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

@@ -47,7 +47,7 @@ from objq_broker import Queue
 from objq_broker.broker.client import BrokerLink
 from objq_broker.broker.elected import ElectedCommitter
 from objq_broker.broker.server import BrokerServer
-from objq_broker.engine.commit import Engine
+from objq_broker.engine.loop import CommitLoop
 
 QUEUE = "publish"
 PAYLOAD = b"x" * 100
@@ -69,9 +69,9 @@ def mark_cycle(folder: str) -> None:
 
         return wrapper
 
-    Engine._commit = marked(Engine._commit, "commit")  # type: ignore[method-assign]
+    CommitLoop._commit = marked(CommitLoop._commit, "commit")  # type: ignore[method-assign]
     # A static method: wrapped as one, so the engine still calls it without itself.
-    Engine._resolve = staticmethod(marked(Engine._resolve, "resolve"))  # type: ignore[method-assign]
+    CommitLoop._resolve = staticmethod(marked(CommitLoop._resolve, "resolve"))  # type: ignore[method-assign]
     BrokerServer._apply = marked(BrokerServer._apply, "arrive")  # type: ignore[method-assign]
     BrokerLink.apply = marked(BrokerLink.apply, "send", "receive")  # type: ignore[method-assign]
 

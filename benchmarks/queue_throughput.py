@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import copy
 import gc
 import os
 import platform
@@ -168,7 +169,7 @@ def objq_run(storage: str, workload: str, concurrency: int, ops: int, backlog: i
 
         work = enqueue if workload == "enqueue" else cycle
         jobs = [(starts[i], shares[i]) for i in range(concurrency)]
-        before = q.metrics()  # a snapshot of the counters: read again afterwards
+        before = copy.copy(q.metrics())  # a snapshot: the counters go on counting
         elapsed = _timed_threads(work, jobs)
         after = q.metrics()
         return Sample(
@@ -454,10 +455,13 @@ def main() -> None:
         type=int,
         default=None,
         help="objq keeps at most this many ready jobs per queue in the state's head and moves "
-        "the rest to runs (docs/segments.md); default: the library's",
+        "the rest to runs (docs/runs.md); default: the library's",
     )
     parser.add_argument(
         "--backlog-only", action="store_true", help="only the enqueue-into-a-backlog rows"
+    )
+    parser.add_argument(
+        "--cycle-only", action="store_true", help="only the enqueue -> claim -> ack rows"
     )
     args = parser.parse_args()
     if args.spill_at is not None:
@@ -478,13 +482,13 @@ def main() -> None:
     for storage in storages:
         log(f"[{storage}] warming up")
         warm_up(storage)
-        for c in () if args.backlog_only else CONCURRENCY:
+        for c in () if args.backlog_only or args.cycle_only else CONCURRENCY:
             n = ops(ENQUEUE_OPS[c])
             enqueue.append(measure(storage, "enqueue", c, 0, ops=(n, n), runs=runs))
         for c in () if args.backlog_only else CONCURRENCY:
             n = ops(CYCLE_OPS[c])
             cycles.append(measure(storage, "cycle", c, 0, ops=(n, n), runs=runs))
-        for c in BACKLOG_CONCURRENCY:
+        for c in () if args.cycle_only else BACKLOG_CONCURRENCY:
             for b in backlogs:
                 o, j = BACKLOG_OPS[(b, c)]
                 backlog.append(measure(storage, "enqueue", c, b, ops=(ops(o), ops(j)), runs=runs))

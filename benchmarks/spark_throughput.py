@@ -10,9 +10,16 @@
   ``spark.read.json`` on the same files (schema inferred, and given), same aggregation.
 * **e2e**: N rows through the Spark writer in one commit, drained by two ``dramatiq`` worker
   processes (8 threads each) of ``integrations.dramatiq_app``, then ``objq report``.
+* **stream**: (a) N rows landing as JSON files (ten), enqueued by a streaming query through the
+  ``objq`` sink with an ``availableNow`` trigger, a file per micro-batch: rows per second over
+  the micro-batches, and over the query's whole run; (b) the streaming source at a 1 s
+  trigger while a worker acks jobs at a steady rate (``--ack-rate``, for ``--seconds``): the
+  time from each ack's return to the start of the ``foreachBatch`` call that holds its row
+  (median, p99).
 
-    python benchmarks/spark_throughput.py                      # all three, N = 100,000
+    python benchmarks/spark_throughput.py                      # all four, N = 100,000
     python benchmarks/spark_throughput.py --only enqueue --rows 20000
+    python benchmarks/spark_throughput.py --only stream
 
 Markdown tables go to stdout, progress to stderr.
 """
@@ -251,6 +258,92 @@ def bench_e2e(spark: Any, rows: int, work: Path) -> list[list[str]]:
     ]  # fmt: skip
 
 
+STREAM_FILES = 10
+
+
+def bench_stream_sink(spark: Any, rows: int, work: Path) -> list[list[str]]:
+    inbox = work / "stream-inbox"
+    inbox.mkdir()
+    per_file = -(-rows // STREAM_FILES)
+    for index in range(STREAM_FILES):
+        xs = range(index * per_file, min((index + 1) * per_file, rows))
+        (inbox / f"rows-{index}.json").write_text("".join(f'{{"x": {x}}}\n' for x in xs))
+    url = (work / "stream-store").as_uri()
+    started = time.perf_counter()
+    query = (
+        spark.readStream.schema("x long").option("maxFilesPerTrigger", 1).json(str(inbox))
+        .selectExpr("x", "1 as y").writeStream.format("objq").option("url", url)
+        .option("queue", "default").option("dramatiq_actor", "add").option("args_columns", "x,y")
+        .option("checkpointLocation", str(work / "stream-sink-checkpoint"))
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    query.awaitTermination()
+    seconds = time.perf_counter() - started
+    batches = [p for p in query.recentProgress if p["numInputRows"]]
+    busy = sum(p["durationMs"]["triggerExecution"] for p in batches) / 1000
+    with Queue(url) as queue:
+        enqueued = queue.stats("default").ready
+    assert enqueued == rows, (enqueued, rows)
+    log(f"stream sink: {rows} rows in {len(batches)} micro-batches, {busy:.1f} s busy")
+    return [
+        [f"sink: {rows:,} rows, {len(batches)} micro-batches (busy time)", f"{rows / busy:,.0f}",
+         f"{busy:.1f}"],
+        ["sink: the same, whole query (start to end)", f"{rows / seconds:,.0f}", f"{seconds:.1f}"],
+    ]  # fmt: skip
+
+
+def bench_stream_source(spark: Any, work: Path, ack_rate: float, seconds: float) -> list[list[str]]:
+    import threading
+
+    url = (work / "source-store").as_uri()
+    total = int(ack_rate * seconds)
+    with Queue(url) as queue:
+        queue.enqueue_many("default", [dramatiq_message("default", "add", [x, 1]) for x in
+                                       range(total)])  # fmt: skip
+    acked: dict[str, float] = {}
+    arrived: dict[str, float] = {}
+
+    def arrive(batch: Any, batch_id: int) -> None:
+        at = time.time()
+        for row in batch.select("id").collect():
+            arrived.setdefault(row.id, at)
+
+    query = (
+        spark.readStream.format("objq").option("url", url).option("startingOffsets", "latest")
+        .load().writeStream.foreachBatch(arrive)
+        .option("checkpointLocation", str(work / "stream-source-checkpoint"))
+        .trigger(processingTime="1 second").start()
+    )  # fmt: skip
+    while not query.recentProgress:  # the query is up: its first (empty) micro-batch ran
+        time.sleep(0.2)
+
+    def ack() -> None:
+        with Queue(url) as queue:
+            started = time.perf_counter()
+            for n in range(total):
+                [delivery] = queue.claim("default")
+                queue.ack(delivery)
+                acked[delivery.job.id] = time.time()
+                time.sleep(max(0.0, started + (n + 1) / ack_rate - time.perf_counter()))
+
+    worker = threading.Thread(target=ack)
+    worker.start()
+    worker.join()
+    deadline = time.time() + 60
+    while len(arrived) < total and time.time() < deadline:
+        time.sleep(0.5)
+    query.stop()
+    delays = sorted(arrived[job] - acked[job] for job in acked if job in arrived)
+    assert len(delays) == total, (len(delays), total)
+    median, p99 = delays[len(delays) // 2], delays[min(len(delays) - 1, int(len(delays) * 0.99))]
+    log(f"stream source: {total} jobs, median {median:.2f} s, p99 {p99:.2f} s")
+    return [
+        [f"source: ack to micro-batch, {total:,} jobs at {ack_rate:g}/s, 1 s trigger, median",
+         f"{median:.2f}"],
+        ["source: the same, p99", f"{p99:.2f}"],
+    ]  # fmt: skip
+
+
 def markdown(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -260,9 +353,11 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--only", choices=["enqueue", "archive", "e2e"], action="append")
+    parser.add_argument("--only", choices=["enqueue", "archive", "e2e", "stream"], action="append")
+    parser.add_argument("--ack-rate", type=float, default=50.0, help="stream: acks per second")
+    parser.add_argument("--seconds", type=float, default=30.0, help="stream: seconds of acks")
     args = parser.parse_args()
-    chosen = args.only or ["enqueue", "archive", "e2e"]
+    chosen = args.only or ["enqueue", "archive", "e2e", "stream"]
     from objq_broker.spark import local_session
 
     spark = local_session("local[2]", app_name="objq-bench")
@@ -286,6 +381,13 @@ def main() -> None:
         if "e2e" in chosen:
             print("### End to end: Spark -> one commit -> Dramatiq workers -> report\n")
             print(markdown(["step", "count", "seconds"], bench_e2e(spark, args.rows, work)))
+            print()
+        if "stream" in chosen:
+            print("### Streaming: the sink's rows/s, the source's latency (local directory)\n")
+            sink = bench_stream_sink(spark, args.rows, work)
+            print(markdown(["what", "rows/s", "seconds"], sink) + "\n")
+            source = bench_stream_source(spark, work, args.ack_rate, args.seconds)
+            print(markdown(["what", "seconds"], source))
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)

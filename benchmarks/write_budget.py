@@ -28,7 +28,7 @@ from typing import Any
 from provenance import objq_revision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from objq_broker import Queue, ops
+from objq_broker import Queue, builders
 
 MODES = {"direct": "off", "elected": "auto"}
 
@@ -54,7 +54,7 @@ def run(
                 if (pause := due - time.monotonic()) > 0:
                     time.sleep(pause)
                 submitted = time.monotonic()
-                future = queue.submit(ops.enqueue("work", [f"{index}-{n}".encode()]))
+                future = queue.submit(builders.enqueue("work", [f"{index}-{n}".encode()]))
                 future.add_done_callback(
                     lambda _, at=submitted: _record(lock, latencies, time.monotonic() - at)
                 )

@@ -1,24 +1,28 @@
 """``AsyncQueue``: the asyncio face of :class:`~objq_broker.queue.Queue`, with the same methods.
 
-Both build their operations with :mod:`objq_broker.ops` and submit them to the same committer
-(``Queue`` is the one that owns it), so they cannot drift apart; a test holds their method lists
-equal. The engine's writer is a thread either way: storage calls are synchronous SDK calls (one
-boto3 client, one commit loop), and the coroutines here await its futures without blocking the
-event loop. A claim with a timeout wakes on the next local commit, as ``Queue.claim`` does.
+Both build their operations with :mod:`objq_broker.builders` and submit them through a
+:class:`~objq_broker.core.QueueCore` of their own, so they cannot drift apart; a test holds their
+method lists equal. The engine's writer is a thread either way: storage calls are synchronous
+SDK calls (one boto3 client, one commit loop), and the coroutines here await its futures without
+blocking the event loop. A claim with a timeout wakes on the next local commit, as
+``Queue.claim`` does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, TypeVar
 
-from objq_broker import ops
+from objq_broker import builders
 from objq_broker.broker.settings import BrokerSettings
+from objq_broker.builders import Delay, Delivery, heartbeat_interval
+from objq_broker.core import DEFAULT_MAX_POLL_SECONDS, DEFAULT_POLL_SECONDS, QueueCore
 from objq_broker.engine.batch import EngineMetrics
 from objq_broker.model.checks import checked_timeout, shown
 from objq_broker.model.ops import (
@@ -33,14 +37,7 @@ from objq_broker.model.ops import (
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
 from objq_broker.model.values import QueueStats, StagedBodies, StagedRun
 from objq_broker.model.workers import Worker
-from objq_broker.queue import (
-    DEFAULT_MAX_POLL_SECONDS,
-    DEFAULT_POLL_SECONDS,
-    Delay,
-    Delivery,
-    Queue,
-    heartbeat_interval,
-)
+from objq_broker.queue import Queue
 from objq_broker.storage import ObjectStore
 
 T = TypeVar("T")
@@ -76,8 +73,8 @@ class AsyncQueue:
         implicit_queues: bool = False,
         **options: Any,
     ) -> None:
-        #: The synchronous queue whose committer this one shares.
-        self.sync = Queue(
+        #: The committer, its futures, payload loading and claimers' wake-ups.
+        self.core = QueueCore(
             url,
             store=store,
             owner=owner,
@@ -87,13 +84,19 @@ class AsyncQueue:
             implicit_queues=implicit_queues,
             **options,
         )
-        self._commits = 0
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._lock = threading.Lock()
-        self.sync.committer.on_commit(self._on_commit)
+        # After the core's own listener, which counts the commit the waiters look for.
+        self.core.committer.on_commit(self._on_commit)
+
+    @functools.cached_property
+    def sync(self) -> Queue:
+        """A synchronous queue on the same core, for code of this process that blocks (a
+        thread, or a metrics collector): closing either closes both."""
+        return Queue.from_core(self.core)
 
     def __repr__(self) -> str:
-        return f"AsyncQueue({self.sync.store.url!r})"
+        return f"AsyncQueue({self.core.store.url!r})"
 
     async def __aenter__(self) -> AsyncQueue:
         return self
@@ -102,17 +105,16 @@ class AsyncQueue:
         await self.close()
 
     async def _run(self, op: Op[T]) -> T:
-        return await asyncio.wrap_future(self.sync.submit(op))
+        return await asyncio.wrap_future(self.core.submit(op))
 
     async def _filled(self, jobs: list[Job]) -> list[Job]:
         if not _out_of_line(jobs):
             return jobs
-        return await asyncio.to_thread(lambda: [self.sync.fill(job) for job in jobs])
+        return await asyncio.to_thread(lambda: [self.core.fill(job) for job in jobs])
 
     def _on_commit(self) -> None:
         """On the writer thread after each commit: wake the claims waiting for one."""
         with self._lock:
-            self._commits += 1
             waiters = list(self._waiters)
         for loop, event in waiters:
             with contextlib.suppress(RuntimeError):  # that loop has closed meanwhile
@@ -121,16 +123,16 @@ class AsyncQueue:
     # --- queues ----------------------------------------------------------------------------
 
     async def declare(self, queue: str, **config: Any) -> bool:
-        return await self._run(ops.declare(queue, config))
+        return await self._run(builders.declare(queue, config))
 
     async def configure(self, queue: str, **changes: float | None) -> QueueConfig:
-        return await self._run(ops.configure(queue, changes))
+        return await self._run(builders.configure(queue, changes))
 
     async def config(self, queue: str) -> QueueConfig:
-        return await self._run(GetConfig(ops.queue_name(queue)))
+        return await self._run(GetConfig(builders.queue_name(queue)))
 
     async def set_write_budget(self, writes_per_second: float | None) -> float | None:
-        return await self._run(ops.set_write_budget(writes_per_second))
+        return await self._run(builders.set_write_budget(writes_per_second))
 
     async def workers(self) -> list[Worker]:
         return await self._run(Workers())
@@ -139,10 +141,10 @@ class AsyncQueue:
         return await self._run(WriteBudget())
 
     async def purge(self, queue: str) -> int:
-        return await self._run(ops.purge(queue))
+        return await self._run(builders.purge(queue))
 
     async def delete_queue(self, queue: str) -> int:
-        return await self._run(ops.delete_queue(queue))
+        return await self._run(builders.delete_queue(queue))
 
     # --- producing -------------------------------------------------------------------------
 
@@ -157,7 +159,7 @@ class AsyncQueue:
         key: str | None = None,
     ) -> Job:
         keys = None if key is None else [key]
-        op = ops.enqueue(
+        op = builders.enqueue(
             queue, [payload], priority=priority, delay=delay, max_attempts=max_attempts, keys=keys
         )
         [job] = await self._filled(await self._run(op))
@@ -173,7 +175,7 @@ class AsyncQueue:
         max_attempts: int | None = None,
         keys: Sequence[str | None] | None = None,
     ) -> list[Job]:
-        op = ops.enqueue(
+        op = builders.enqueue(
             queue, payloads, priority=priority, delay=delay, max_attempts=max_attempts, keys=keys
         )
         return await self._filled(await self._run(op))
@@ -188,7 +190,7 @@ class AsyncQueue:
         delay: Delay = None,
         max_attempts: int | None = None,
     ) -> int | None:
-        op = ops.enqueue_staged(
+        op = builders.enqueue_staged(
             queue,
             staged,
             write_id=write_id,
@@ -201,7 +203,7 @@ class AsyncQueue:
     async def enqueue_runs(
         self, queue: str, runs: Sequence[StagedRun], *, write_id: str
     ) -> int | None:
-        return await self._run(ops.enqueue_runs(queue, runs, write_id=write_id))
+        return await self._run(builders.enqueue_runs(queue, runs, write_id=write_id))
 
     # --- consuming -------------------------------------------------------------------------
 
@@ -222,12 +224,12 @@ class AsyncQueue:
             self._waiters.add(waiter)
         try:
             while True:
-                seen = self._commits
-                claim = self.sync.submit_claim(queue, n, lease=lease, owner=owner)
-                found = await asyncio.wrap_future(self.sync.then_fill(claim))
+                seen = self.core.commits
+                claim = self.core.submit_claim(queue, n, lease=lease, owner=owner)
+                found = await asyncio.wrap_future(self.core.then_fill(claim))
                 if not found and claim.result():
                     continue  # every job it found was poison, dead-lettered: look again
-                pause = self.sync.next_poll_wait(bool(found))
+                pause = self.core.next_poll_wait(bool(found))
                 if found or end is None or time.monotonic() >= end:
                     return found
                 await self._next_commit(seen + 1, event, min(end, time.monotonic() + pause))
@@ -238,7 +240,7 @@ class AsyncQueue:
     async def _next_commit(self, after: int, event: asyncio.Event, until: float) -> None:
         """Wait for a commit past ``after`` (a later local enqueue, say) or until ``until``
         (the next look for another process's commit, or the claim's timeout)."""
-        while self._commits <= after:
+        while not self.core.committed_since(after):
             remaining = until - time.monotonic()
             if remaining <= 0:
                 return
@@ -249,12 +251,12 @@ class AsyncQueue:
     async def ack(
         self, delivery: Delivery, *, outcome: str = "done", error: str | None = None
     ) -> None:
-        await self._run(ops.ack(delivery, outcome=outcome, error=error))
+        await self._run(builders.ack(delivery, outcome=outcome, error=error))
 
     async def note_outcome(
         self, job_id: str, queue: str, outcome: str, *, token: str, error: str | None = None
     ) -> None:
-        await self._run(ops.note_outcome(job_id, queue, outcome, error, token))
+        await self._run(builders.note_outcome(job_id, queue, outcome, error, token))
 
     async def nack(
         self,
@@ -264,13 +266,13 @@ class AsyncQueue:
         retry: bool = True,
         delay: Delay = None,
     ) -> NackResult:
-        return await self._run(ops.nack(delivery, error=error, retry=retry, delay=delay))
+        return await self._run(builders.nack(delivery, error=error, retry=retry, delay=delay))
 
     async def heartbeat(self, deliveries: Sequence[Delivery], *, lease: Delay = None) -> list[bool]:
-        return await self._run(ops.heartbeat(deliveries, lease=lease))
+        return await self._run(builders.heartbeat(deliveries, lease=lease))
 
     async def release(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        return await self._run(ops.release(deliveries))
+        return await self._run(builders.release(deliveries))
 
     @contextlib.asynccontextmanager
     async def keep_alive(
@@ -299,13 +301,13 @@ class AsyncQueue:
     # --- dead letters ----------------------------------------------------------------------
 
     async def dead_letters(self, queue: str) -> list[Job]:
-        return await self._filled(await self._run(DeadLetters(ops.queue_name(queue))))
+        return await self._filled(await self._run(DeadLetters(builders.queue_name(queue))))
 
     async def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> list[str]:
-        return await self._run(ops.retry_dead(queue, ids))
+        return await self._run(builders.retry_dead(queue, ids))
 
     async def purge_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
-        return await self._run(ops.purge_dead(queue, ids))
+        return await self._run(builders.purge_dead(queue, ids))
 
     # --- inspecting ------------------------------------------------------------------------
 
@@ -317,10 +319,10 @@ class AsyncQueue:
         return found
 
     async def stats_many(self, queues: Sequence[str]) -> list[QueueStats]:
-        return await self._run(ops.stats(queues))
+        return await self._run(builders.stats(queues))
 
     async def job(self, job_id: str) -> tuple[JobState, Job] | None:
-        found = await self._run(ops.find_job(job_id))
+        found = await self._run(builders.find_job(job_id))
         if found is None:
             return None
         [job] = await self._filled([found[1]])
@@ -329,7 +331,7 @@ class AsyncQueue:
     async def jobs(
         self, queue: str, *, state: JobState | None = None, limit: int | None = None
     ) -> list[tuple[JobState, Job]]:
-        rows = await self._run(ops.list_jobs(queue, state, limit))
+        rows = await self._run(builders.list_jobs(queue, state, limit))
         filled = await self._filled([job for _, job in rows])
         return [(where, job) for (where, _), job in zip(rows, filled, strict=True)]
 
@@ -337,10 +339,10 @@ class AsyncQueue:
         return await self._run(Expire())
 
     def metrics(self) -> EngineMetrics:
-        return self.sync.metrics()
+        return self.core.committer.metrics
 
     async def flush(self, timeout: float | None = None) -> None:
-        await asyncio.to_thread(self.sync.flush, timeout)
+        await asyncio.to_thread(self.core.committer.flush, timeout)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.sync.close)
+        await asyncio.to_thread(self.core.committer.close)

@@ -1,16 +1,13 @@
 """``Queue``: the thread-safe, synchronous API over a committer (the group-commit engine).
 
-Every method builds one operation (:mod:`objq_broker.ops`, which checks the arguments) and
-submits it to the next batch. Enqueues and claims return only once durable. Acks, nacks,
-heartbeats and releases wait too by default (so a stale lease raises
-:class:`~objq_broker.errors.LeaseLost` at the call); pass ``wait=False`` to return as soon as
-the operation is submitted, as the framework integrations do: a lost ack in a crash only means
-a redelivery, which at-least-once delivery allows. ``flush()`` and ``close()`` wait for
-everything submitted.
-
-``Queue`` is built in layers: :mod:`objq_broker.queue_base` (the committer, futures, payloads
-and claimers' wake-ups), :mod:`objq_broker.queue_admin` (managing and inspecting queues), and
-this module (moving jobs: enqueue, claim, ack, nack, heartbeat, release).
+Every method builds one operation (:mod:`objq_broker.builders`, which checks the arguments) and
+submits it to the next batch through the queue's :class:`~objq_broker.core.QueueCore`, which
+owns the committer, loads payloads kept out of line and wakes claimers. Enqueues and claims
+return only once durable. Acks, nacks, heartbeats and releases wait too by default (so a stale
+lease raises :class:`~objq_broker.errors.LeaseLost` at the call); pass ``wait=False`` to return
+as soon as the operation is submitted, as the framework integrations do: a lost ack in a crash
+only means a redelivery, which at-least-once delivery allows. ``flush()`` and ``close()`` wait
+for everything submitted.
 """
 
 from __future__ import annotations
@@ -24,34 +21,30 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from objq_broker import ops
-from objq_broker.broker.settings import BrokerSettings, broker_settings
-from objq_broker.engine.options import (
-    QueueLimits,
-    check_engine_settings,
-    engine_part,
-    resolve_store,
-)
+from objq_broker import builders
+from objq_broker.broker.settings import BrokerSettings
+from objq_broker.builders import Delay, Delivery, default_owner, heartbeat_interval
+from objq_broker.core import DEFAULT_MAX_POLL_SECONDS, DEFAULT_POLL_SECONDS, QueueCore, settle
+from objq_broker.engine.batch import EngineMetrics
 from objq_broker.engine.port import Committer
-from objq_broker.errors import LeaseLost
 from objq_broker.model.checks import checked_timeout, shown
-from objq_broker.model.records import Job, NackResult
-from objq_broker.model.values import StagedBodies, StagedRun
-from objq_broker.ops import Delay, Delivery, default_owner
-from objq_broker.queue_admin import QueueAdmin
-from objq_broker.queue_base import open_committer
+from objq_broker.model.ops import (
+    DeadLetters,
+    Expire,
+    GetConfig,
+    Op,
+    QueueNames,
+    Workers,
+    WriteBudget,
+)
+from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
+from objq_broker.model.values import QueueStats, StagedBodies, StagedRun
+from objq_broker.model.workers import Worker
 from objq_broker.storage import ObjectStore
-from objq_broker.storage.metered import MeteredStore
+from objq_broker.storage.metered import MeteredStore, StorageMeter
 
 T = TypeVar("T")
 log = logging.getLogger("objq_broker.queue")
-
-#: How soon ``claim(timeout=...)`` looks at the state again when a claim found nothing. The
-#: wait doubles while claims keep finding nothing, up to ``DEFAULT_MAX_POLL_SECONDS`` (each
-#: look is a storage read in direct mode), and starts again from here when one finds a job. A
-#: commit of this process (a local enqueue) wakes claimers at once whatever the wait.
-DEFAULT_POLL_SECONDS = 0.5
-DEFAULT_MAX_POLL_SECONDS = 1.0
 
 __all__ = [
     "DEFAULT_MAX_POLL_SECONDS",
@@ -63,7 +56,7 @@ __all__ = [
 ]
 
 
-class Queue(QueueAdmin):
+class Queue:
     """A handle on every queue of one namespace (a store URL). Thread-safe.
 
     >>> with Queue("memory://doc-example") as q:
@@ -91,34 +84,25 @@ class Queue(QueueAdmin):
         implicit_queues: bool = False,
         **options: Any,
     ) -> None:
-        settings = (
-            broker if isinstance(broker, BrokerSettings) else broker_settings(broker, options)
+        #: The committer, its futures, payload loading and claimers' wake-ups.
+        self.core = QueueCore(
+            url,
+            store=store,
+            owner=owner,
+            poll_seconds=poll_seconds,
+            max_poll_seconds=max_poll_seconds,
+            broker=broker,
+            implicit_queues=implicit_queues,
+            **options,
         )
-        own = {
-            "owner": owner,
-            "poll_seconds": poll_seconds,
-            "max_poll_seconds": max_poll_seconds,
-            "implicit_queues": implicit_queues,
-        }
-        check_engine_settings(own | engine_part(options), QueueLimits)
-        opened, engine_options = resolve_store(url, store, options, "Queue")
-        #: The store, every request to it counted (``storage_meter``) for the metrics.
-        self.store = MeteredStore(opened)
-        self.storage_meter = self.store.meter
-        #: Where operations go: the local group-commit engine, or a broker that commits for
-        #: every process of the namespace.
-        self.committer: Committer = open_committer(self.store, settings, engine_options)
-        self.owner = owner or default_owner()
-        #: Claims from a queue nobody declared find nothing instead of raising.
-        self.implicit_queues = implicit_queues
-        self.poll_seconds = poll_seconds
-        self.max_poll_seconds = max(max_poll_seconds, poll_seconds)
-        self._poll_wait = poll_seconds  # grows while claims find nothing
-        self._arrivals = threading.Condition()
-        self._commits = 0  # batches committed; claimers wait for it to move
-        self._arrival_listeners: list[Callable[[], None]] = []
-        self._readied_seen: object = None
-        self.committer.on_commit(self._wake_claimers)
+
+    @classmethod
+    def from_core(cls, core: QueueCore) -> Queue:
+        """A queue over ``core``, sharing its committer (``AsyncQueue.sync``): closing either
+        closes both."""
+        queue = cls.__new__(cls)
+        queue.core = core
+        return queue
 
     def __repr__(self) -> str:
         return f"Queue({self.store.url!r})"
@@ -128,6 +112,130 @@ class Queue(QueueAdmin):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # --- what the core holds ---------------------------------------------------------------
+
+    @property
+    def store(self) -> MeteredStore:
+        """The store, every request to it counted (:attr:`storage_meter`) for the metrics."""
+        return self.core.store
+
+    @property
+    def storage_meter(self) -> StorageMeter:
+        return self.core.store.meter
+
+    @property
+    def committer(self) -> Committer:
+        """Where operations go: the local group-commit engine, or a broker that commits for
+        every process of the namespace."""
+        return self.core.committer
+
+    @property
+    def owner(self) -> str:
+        """Who claims hold jobs for unless a claim names another (``objq workers`` shows it)."""
+        return self.core.owner
+
+    @property
+    def implicit_queues(self) -> bool:
+        """Claims from a queue nobody declared find nothing instead of raising."""
+        return self.core.implicit_queues
+
+    @property
+    def poll_seconds(self) -> float:
+        return self.core.poll_seconds
+
+    @property
+    def max_poll_seconds(self) -> float:
+        return self.core.max_poll_seconds
+
+    @property
+    def closed(self) -> bool:
+        return self.committer.closed
+
+    @property
+    def commit_deadline_seconds(self) -> float:
+        return self.committer.commit_deadline_seconds
+
+    # --- the core's futures, for consumers that do not block (see QueueCore) ---------------
+
+    def submit(self, op: Op[T]) -> Future[T]:
+        """Submit an operation built by :mod:`objq_broker.builders`; the future resolves once
+        it is durable."""
+        return self.core.submit(op)
+
+    def submit_claim(
+        self,
+        queues: str | Sequence[str],
+        n: int = 1,
+        *,
+        lease: Delay = None,
+        owner: str | None = None,
+    ) -> Future[list[Delivery]]:
+        """Lease up to ``n`` ready jobs, from one queue or several, without waiting."""
+        return self.core.submit_claim(queues, n, lease=lease, owner=owner)
+
+    def then_fill(self, claim: Future[list[Delivery]]) -> Future[list[Delivery]]:
+        """The deliveries of ``claim`` with their payloads loaded, without blocking."""
+        return self.core.then_fill(claim)
+
+    def fill(self, job: Job, *, lenient: bool = False) -> Job:
+        """``job`` with its payload loaded, if the state keeps it out of line."""
+        return self.core.fill(job, lenient=lenient)
+
+    def fill_deliveries(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """``deliveries`` with their payloads loaded; poison jobs dead-lettered, left out."""
+        return self.core.fill_deliveries(deliveries)
+
+    def next_poll_wait(self, found: bool) -> float:
+        """How long a claimer waits before looking again, after a claim that ``found`` jobs
+        or not."""
+        return self.core.next_poll_wait(found)
+
+    def on_arrivals(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` whenever jobs may have become claimable; returns the function
+        that stops the calls (see :meth:`QueueCore.on_arrivals`)."""
+        return self.core.on_arrivals(listener)
+
+    # --- queues ----------------------------------------------------------------------------
+
+    def declare(self, queue: str, **config: Any) -> bool:
+        """Declare ``queue`` (idempotent; declaring it again counts as using it). ``config``
+        sets a new queue's defaults: max_attempts, backoff_base_seconds, backoff_cap_seconds,
+        lease_seconds, dead_ttl_seconds, idempotency_seconds, and expires_seconds (delete the
+        queue once nobody has claimed from it, heartbeated its jobs or declared it for that
+        long, as kombu's ``x-expires``; None, the default: never)."""
+        return self.core.call(builders.declare(queue, config))
+
+    def configure(self, queue: str, **changes: float | None) -> QueueConfig:
+        """Change the stored defaults of a declared queue."""
+        return self.core.call(builders.configure(queue, changes))
+
+    def config(self, queue: str) -> QueueConfig:
+        return self.core.call(GetConfig(builders.queue_name(queue)))
+
+    def set_write_budget(self, writes_per_second: float | None) -> float | None:
+        """Allow at most this many state writes per second, by every process of the
+        namespace together (None: no limit). Latency rises to match; nothing is lost
+        (``engine.budget``, ``objq budget``)."""
+        return self.core.call(builders.set_write_budget(writes_per_second))
+
+    def workers(self) -> list[Worker]:
+        """Who holds jobs: each lease holder with its queues, jobs held, oldest claim and
+        last heartbeat, and those whose leases ran out lately (``model.workers``)."""
+        return self.core.call(Workers())
+
+    def write_budget(self) -> float | None:
+        """The namespace's write budget, in state writes per second (None: none)."""
+        return self.core.call(WriteBudget())
+
+    def purge(self, queue: str) -> int:
+        """Delete the queue's ready and delayed jobs; returns how many."""
+        return self.core.call(builders.purge(queue))
+
+    def delete_queue(self, queue: str) -> int:
+        """Remove the queue with its jobs and dead letters, and every kombu binding to it
+        (once the commit landed); returns how many jobs went."""
+        return self.core.call(builders.delete_queue(queue))
 
     # --- producing -------------------------------------------------------------------------
 
@@ -143,7 +251,7 @@ class Queue(QueueAdmin):
     ) -> Job:
         """Add one job; durable when this returns. A ``key`` seen within the queue's
         idempotency window returns the earlier job instead of adding a duplicate."""
-        op = ops.enqueue(
+        op = builders.enqueue(
             queue,
             [payload],
             priority=priority,
@@ -151,8 +259,8 @@ class Queue(QueueAdmin):
             max_attempts=max_attempts,
             keys=None if key is None else [key],
         )
-        [job] = self.submit(op).result()
-        return self.fill(job)
+        [job] = self.core.call(op)
+        return self.core.fill(job)
 
     def enqueue_many(
         self,
@@ -165,10 +273,10 @@ class Queue(QueueAdmin):
         keys: Sequence[str | None] | None = None,
     ) -> list[Job]:
         """Add many jobs in one commit: all of them are durable, or none."""
-        op = ops.enqueue(
+        op = builders.enqueue(
             queue, payloads, priority=priority, delay=delay, max_attempts=max_attempts, keys=keys
         )
-        return [self.fill(job) for job in self.submit(op).result()]
+        return [self.core.fill(job) for job in self.core.call(op)]
 
     def enqueue_staged(
         self,
@@ -187,7 +295,7 @@ class Queue(QueueAdmin):
         :mod:`objq_broker.model.bodies`); the state counts their references and deletes them
         once their last job finished. A retry with the same ``write_id`` within the queue's
         idempotency window adds nothing and returns None; else the number of jobs added."""
-        op = ops.enqueue_staged(
+        op = builders.enqueue_staged(
             queue,
             staged,
             write_id=write_id,
@@ -195,7 +303,7 @@ class Queue(QueueAdmin):
             delay=delay,
             max_attempts=max_attempts,
         )
-        return self.submit(op).result()
+        return self.core.call(op)
 
     def enqueue_runs(self, queue: str, runs: Sequence[StagedRun], *, write_id: str) -> int | None:
         """Add the jobs of runs already written (by the tasks of a Spark write), in one
@@ -205,7 +313,7 @@ class Queue(QueueAdmin):
         entries of one bodies object written with it; both are deleted once their last job
         finished. The runs take their place in the queue after every job enqueued before, in
         the order given. Idempotent by ``write_id`` as :meth:`enqueue_staged`."""
-        return self.submit(ops.enqueue_runs(queue, runs, write_id=write_id)).result()
+        return self.core.call(builders.enqueue_runs(queue, runs, write_id=write_id))
 
     # --- consuming -------------------------------------------------------------------------
 
@@ -225,47 +333,17 @@ class Queue(QueueAdmin):
         timeout = checked_timeout(timeout, f"claim from {shown(queue, 80)}")
         end = None if timeout is None else time.monotonic() + timeout
         while True:
-            seen = self._commits
-            found = self._claim_once(queue, n, lease, owner, end)
-            pause = self.next_poll_wait(bool(found))
+            seen = self.core.commits
+            found = self.core.claim_filled(queue, n, lease, owner, end)
+            pause = self.core.next_poll_wait(bool(found))
             if found or end is None:
                 return found
             remaining = end - time.monotonic()
             if remaining <= 0:
                 return found
             # Woken early by a later local commit (a local enqueue, say); else poll storage.
-            with self._arrivals:
-                self._arrivals.wait_for(
-                    functools.partial(self._committed_since, seen + 1), min(remaining, pause)
-                )
-
-    def _claim_once(
-        self,
-        queue: str | Sequence[str],
-        n: int,
-        lease: Delay,
-        owner: str | None,
-        end: float | None,
-    ) -> list[Delivery]:
-        """One claim, payloads loaded. If it finds nothing and there is time left before
-        ``end``, a second one waits at the broker for jobs when there is one. (The first goes
-        with this process's other operations, its acks say, in one request.)"""
-        while True:
-            claim = self.submit_claim(queue, n, lease=lease, owner=owner)
-            found = self.then_fill(claim).result()
-            if found or not claim.result():
-                break
-            # Every job it found was poison, dead-lettered (see fill_deliveries): look again,
-            # rather than say the queue is empty.
-        left = 0.0 if end is None else end - time.monotonic()
-        if found or left <= 0:
-            return found
-        jobs = self.committer.claim_waiting(self._claim_op(queue, n, lease, owner), left)
-        if jobs is None:
-            return found
-        claimed: Future[list[Delivery]] = Future()
-        claimed.set_result(ops.deliveries(jobs))
-        return self.then_fill(claimed).result()
+            since = functools.partial(self.core.committed_since, seen + 1)
+            self.core.wait_until(since, min(remaining, pause))
 
     def ack(
         self,
@@ -280,8 +358,8 @@ class Queue(QueueAdmin):
         ``outcome`` is what the archive records: "done", or, for a framework that settles a
         failed run with an ack, "failed" (for good) or "retried" (sent again as a new job),
         with ``error``."""
-        op = ops.ack(delivery, outcome=outcome, error=error)
-        self._settle(self.submit(op), wait, "ack", delivery)
+        op = builders.ack(delivery, outcome=outcome, error=error)
+        settle(self.core, op, wait, "ack", delivery)
 
     def note_outcome(
         self,
@@ -299,8 +377,8 @@ class Queue(QueueAdmin):
         the ``objq`` Spark source) take the note's. ``token``: the lease token of the delivery
         that ran it (``Delivery.token``); a job still queued must be held under it
         (``LeaseLost`` otherwise)."""
-        op = ops.note_outcome(job_id, queue, outcome, error, token)
-        self._settle(self.submit(op), wait, "note_outcome")
+        op = builders.note_outcome(job_id, queue, outcome, error, token)
+        settle(self.core, op, wait, "note_outcome")
 
     def nack(
         self,
@@ -313,34 +391,19 @@ class Queue(QueueAdmin):
     ) -> NackResult | None:
         """Fail a delivery: retry after the queue's backoff (or ``delay``), or dead-letter it
         when ``retry`` is false or its attempts are spent. Returns 'retry' or 'dead'."""
-        op = ops.nack(delivery, error=error, retry=retry, delay=delay)
-        return self._settle(self.submit(op), wait, "nack", delivery)
+        op = builders.nack(delivery, error=error, retry=retry, delay=delay)
+        return settle(self.core, op, wait, "nack", delivery)
 
     def heartbeat(
         self, deliveries: Sequence[Delivery], *, lease: Delay = None, wait: bool = True
     ) -> list[bool] | None:
         """Extend the leases of many deliveries in one operation; says which are still held."""
-        return self._settle(self.submit(ops.heartbeat(deliveries, lease=lease)), wait, "heartbeat")
+        op = builders.heartbeat(deliveries, lease=lease)
+        return settle(self.core, op, wait, "heartbeat")
 
     def release(self, deliveries: Sequence[Delivery], *, wait: bool = True) -> list[bool] | None:
         """Give back unprocessed deliveries; no attempt is counted. Says which were held."""
-        return self._settle(self.submit(ops.release(deliveries)), wait, "release")
-
-    def _settle(
-        self, future: Future[T], wait: bool, what: str, delivery: Delivery | None = None
-    ) -> T | None:
-        if wait:
-            return future.result()
-
-        def report(done: Future[T]) -> None:
-            exc = done.exception()
-            if exc is None:
-                return
-            level = logging.INFO if isinstance(exc, LeaseLost) else logging.ERROR
-            log.log(level, "%s of %s failed: %s", what, delivery.id if delivery else "-", exc)
-
-        future.add_done_callback(report)
-        return None
+        return settle(self.core, builders.release(deliveries), wait, "release")
 
     @contextlib.contextmanager
     def keep_alive(
@@ -368,6 +431,53 @@ class Queue(QueueAdmin):
             stop.set()
             thread.join()
 
+    # --- dead letters ----------------------------------------------------------------------
+
+    def dead_letters(self, queue: str) -> list[Job]:
+        dead = self.core.call(DeadLetters(builders.queue_name(queue)))
+        return [self.core.fill(job, lenient=True) for job in dead]
+
+    def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> list[str]:
+        """Move dead letters (all, or these ids) back to the queue with fresh attempts."""
+        return self.core.call(builders.retry_dead(queue, ids))
+
+    def purge_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
+        """Delete dead letters (all, or these ids) for good; returns how many."""
+        return self.core.call(builders.purge_dead(queue, ids))
+
+    # --- inspecting ------------------------------------------------------------------------
+
+    def queues(self) -> list[str]:
+        return self.core.call(QueueNames())
+
+    def stats(self, queue: str) -> QueueStats:
+        [found] = self.stats_many([queue])
+        return found
+
+    def stats_many(self, queues: Sequence[str]) -> list[QueueStats]:
+        """Counts of several queues from one state: a job moving between them (a delay queue
+        and its queue, say) is never counted twice or missed."""
+        return self.core.call(builders.stats(queues))
+
+    def job(self, job_id: str) -> tuple[JobState, Job] | None:
+        """A job's state ('ready', 'delayed', 'in-flight', 'dead') and record, if in the state."""
+        found = self.core.call(builders.find_job(job_id))
+        return None if found is None else (found[0], self.core.fill(found[1], lenient=True))
+
+    def jobs(
+        self, queue: str, *, state: JobState | None = None, limit: int | None = None
+    ) -> list[tuple[JobState, Job]]:
+        """Jobs of ``queue`` in claim order (dead letters last), optionally one state only."""
+        rows = self.core.call(builders.list_jobs(queue, state, limit))
+        return [(where, self.core.fill(job, lenient=True)) for where, job in rows]
+
+    def expire(self) -> int:
+        """Return stale leases to their queues now (commits also do this on their own)."""
+        return self.core.call(Expire())
+
+    def metrics(self) -> EngineMetrics:
+        return self.committer.metrics
+
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every operation submitted so far is durable (and the objects its
         commits freed are deleted)."""
@@ -376,12 +486,3 @@ class Queue(QueueAdmin):
     def close(self) -> None:
         """Commit what is pending and stop the writer. The store stays usable by others."""
         self.committer.close()
-
-
-def heartbeat_interval(deliveries: Sequence[Delivery], every: float | None) -> float:
-    """How often to extend these leases: a third of what is left of the first one."""
-    if every is not None:
-        return every
-    lease = deliveries[0].job.lease if deliveries else None
-    span = (lease.expires_at - time.time()) if lease is not None else 30.0
-    return max(span / 3.0, 0.05)

@@ -8,11 +8,13 @@ import re
 from pathlib import Path
 
 from objq_broker import AsyncQueue, Queue
+from objq_broker.core import QueueCore
 
 LIBRARY = Path(__file__).resolve().parent.parent / "objq_broker"
-#: Queue methods that only make sense synchronously (futures and payload filling are what the
-#: coroutines are built on; the consumer core uses them), and ``on_arrivals``: a callback run
-#: on a commit thread, for an event loop of the sync world (asyncio code awaits a claim).
+#: Queue methods that only make sense synchronously: its core's futures and payload filling
+#: (what the coroutines are built on; the consumer core uses them through a Queue), and
+#: ``on_arrivals``: a callback run on a commit thread, for an event loop of the sync world
+#: (asyncio code awaits a claim).
 SYNC_ONLY = {
     "submit",
     "submit_claim",
@@ -25,13 +27,11 @@ SYNC_ONLY = {
 
 
 def _public(cls: type) -> dict[str, inspect.Signature]:
-    """The public methods ``cls`` and its bases define (``Queue`` is built in layers)."""
-    members: dict[str, object] = {}
-    for klass in reversed(cls.__mro__[:-1]):  # the nearest definition wins; object left out
-        members.update(vars(klass))
+    """The public methods ``cls`` defines (each face is one class over the core it holds)."""
+    assert cls.__bases__ == (object,), cls.__bases__
     return {
         name: inspect.signature(member)
-        for name, member in members.items()
+        for name, member in vars(cls).items()
         if not name.startswith("_") and callable(member)
     }
 
@@ -46,6 +46,22 @@ def test_async_queue_has_every_method_of_queue_with_the_same_parameters() -> Non
         member = getattr(AsyncQueue, name)
         if name not in {"keep_alive", "metrics"}:
             assert inspect.iscoroutinefunction(member), name
+
+
+def test_the_sync_only_methods_are_the_cores_with_the_same_parameters() -> None:
+    sync, core = _public(Queue), _public(QueueCore)
+    for name in SYNC_ONLY:
+        assert list(sync[name].parameters) == list(core[name].parameters), name
+
+
+def test_the_sync_face_of_an_async_queue_shares_its_core() -> None:
+    queue = AsyncQueue("memory://parity-core")
+    try:
+        assert queue.sync.core is queue.core and queue.sync.committer is queue.core.committer
+        assert queue.sync is queue.sync  # made once, when first asked for
+    finally:
+        asyncio.run(queue.close())
+    assert queue.sync.closed
 
 
 def test_async_claim_wakes_on_a_local_commit_instead_of_polling() -> None:

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from objq_broker import ConfigurationError, Queue
+from objq_broker.builders import StagedBodies
 from objq_broker.engine import STATE_KEY
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.model import ops as op_types
@@ -28,7 +29,6 @@ from objq_broker.model.encoding import decode_state
 from objq_broker.model.records import QueueConfig
 from objq_broker.model.settings import positive_seconds
 from objq_broker.model.state import QueueState
-from objq_broker.ops import StagedBodies
 from objq_broker.storage import MemoryStore
 
 _names = itertools.count()

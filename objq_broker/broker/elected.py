@@ -114,7 +114,6 @@ class ElectedCommitter(BrokerRouting):
         self.client_id = uuid.uuid4().hex
         #: Operations waiting for the sender thread, which takes a session at a time.
         self._batcher = self._new_batcher()
-        self._closed = False  # close() has run (or is running)
         self._seq = 0
         self._lanes: list[_Lane] = []  # lanes of waiting claims not in use
         self._lane_ids = itertools.count(1)
@@ -128,8 +127,9 @@ class ElectedCommitter(BrokerRouting):
         parent's threads, sockets, engines or locks is the child's, and its broker is the
         parent's (or another's). The child starts over as a new client of that broker, and
         never serves (a pool child leaves with ``os._exit``, never handing the role over)."""
-        if self._closed:  # nothing to start over; a lock held at the fork must not bite
+        if self._batcher.closing:  # nothing to start over; a lock held at the fork must not bite
             self._batcher = self._new_batcher()
+            self._batcher.close()
             return
         if self.settings.mode == "auto":
             self.settings = dataclasses.replace(self.settings, mode="client")
@@ -167,10 +167,23 @@ class ElectedCommitter(BrokerRouting):
     def submit(self, op: Op[T]) -> Future[T]:
         future: Future[T] = Future()
         with self._batcher.cv:
-            if self._closing:
+            if self._batcher.closing:
                 raise QueueClosed(f"the queue for {self.store.url} is closed")
             self._batcher.add((op, future))
         return future
+
+    def call(self, op: Op[T]) -> T:
+        """Send ``op`` and wait for its outcome. When no session is pending or in flight, the
+        caller sends it itself: a hand-off to the sender thread and back would only add two
+        thread switches."""
+        future: Future[T] = Future()
+        with self._batcher.cv:
+            if self._closing:
+                raise QueueClosed(f"the queue for {self.store.url} is closed")
+            alone = self._batcher.take_alone((op, future))
+        if alone:
+            self._work([(op, future)])
+        return future.result()
 
     def claim_waiting(self, claim: Claim, wait_seconds: float) -> list[Job] | None:
         """Claim, waiting up to ``wait_seconds`` at the broker for jobs if none are ready
@@ -182,7 +195,7 @@ class ElectedCommitter(BrokerRouting):
         time each), so after a lost broker the same session goes to the next one and is
         answered from the state, never applied twice."""
         with self._batcher.cv:
-            if self._closing:
+            if self._batcher.closing:
                 raise QueueClosed(f"the queue for {self.store.url} is closed")
             lane = self._lanes.pop() if self._lanes else self._new_lane()
             lane.seq += LANE_STRIDE
@@ -224,7 +237,7 @@ class ElectedCommitter(BrokerRouting):
             log.info("waiting claim at %s failed, sending it again: %s", link, exc)
             return None
         except QueueClosed:  # this process's broker engine, closed as it stepped down
-            if self._closing:
+            if self._batcher.closing:
                 raise
             return None
         if self._used is not None and self._used is self._direct:
@@ -244,10 +257,10 @@ class ElectedCommitter(BrokerRouting):
         """Send what is pending, then stop. A leader clears its record first, so the next
         process to need a broker takes over without waiting for it to be found gone."""
         with self._batcher.cv:
-            if self._closed:
+            if self._batcher.closing:
                 return
-            self._closing = self._closed = True
-            self._batcher.cv.notify()
+            self._closing = True  # the routes' flag: what is left on the way out commits here
+            self._batcher.close()
             thread = self._batcher.thread
         if thread is not None:
             thread.join(timeout)
@@ -267,7 +280,7 @@ class ElectedCommitter(BrokerRouting):
 
     @property
     def closed(self) -> bool:
-        return self._closing
+        return self._batcher.closing
 
     def check(self, timeout: float | None = None) -> str:
         """Send an empty session and wait for it: an idle standby finds a lost broker (and
@@ -281,29 +294,38 @@ class ElectedCommitter(BrokerRouting):
         batcher = self._batcher
         while True:
             with batcher.cv:
-                while not batcher.pending and not self._closing:
+                # A caller sending its own op (see ``call``) holds the batcher busy.
+                while batcher.busy or not batcher.pending:
+                    if batcher.closing and not batcher.pending and not batcher.busy:
+                        return
                     batcher.cv.wait()
-                if not batcher.pending:
-                    return
                 self._linger()
                 batch = batcher.take()
+            self._work(batch)
+
+    def _work(self, batch: list[tuple[Op[Any], Future[Any]]]) -> None:
+        """Send ``batch`` as one session (on the sender thread, or a caller's) and resolve
+        its futures."""
+        live: list[tuple[Op[Any], Future[Any]]] = []
+        sent_at = time.monotonic()
+        try:
             live = [(op, future) for op, future in batch if future.set_running_or_notify_cancel()]
             if not live:
-                continue
-            sent_at = time.monotonic()
+                return
             outcomes = self._send([op for op, _ in live])
             self._sent.batches += 1
             self._sent.ops += len(live)
             self._count_job_events(live, outcomes)
-            batcher.done()
-            self._round_trip = time.monotonic() - sent_at
-            for (_, future), (ok, value) in zip(live, outcomes, strict=True):
-                with contextlib.suppress(InvalidStateError):
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(value)
-            self._notify()
+        finally:
+            self._batcher.done()  # (whatever happened: the next batch may go)
+        self._round_trip = time.monotonic() - sent_at
+        for (_, future), (ok, value) in zip(live, outcomes, strict=True):
+            with contextlib.suppress(InvalidStateError):
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+        self._notify()
 
     def _send(self, ops: list[Op[Any]]) -> Outcomes:
         """Send ``ops`` as the next session and return their outcomes; every op learns why if
@@ -338,10 +360,7 @@ class ElectedCommitter(BrokerRouting):
         fraction of a round trip at most, for the callers the last session released. One
         caller never waits."""
         span = min(SESSION_LINGER_MAX_SECONDS, self._round_trip / 4)
-        self._batcher.linger(span, stop=self._stopping)
-
-    def _stopping(self) -> bool:
-        return self._closing
+        self._batcher.linger(span)
 
     def _new_batcher(self) -> Batcher[tuple[Op[Any], Future[Any]]]:
         return Batcher(
@@ -365,7 +384,7 @@ class ElectedCommitter(BrokerRouting):
                     # slow broker answers and gets the same session again; a paused one is
                     # replaced, counting from when this request was sent.
                     return target.apply(session, self._patience)
-                return target.submit(session).result()
+                return target.call(session)
             except WriterFenced as exc:  # that broker (maybe this process) was replaced
                 log.info("broker replaced: %s", exc)
                 self._lost(exc, since=started, fenced=True)

@@ -22,27 +22,52 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
 
 from objq_broker.errors import ConfigurationError
-from objq_broker.model.settings import positive_seconds
+from objq_broker.model.checks import PositiveSeconds
+from objq_broker.model.settings import option_names, read_settings
 
 Mode = Literal["off", "auto", "client", "fixed"]
 #: Seconds a broker may stay unreachable before a process of an ``auto`` namespace takes over.
 DEFAULT_TAKEOVER_SECONDS = 5.0
 #: Where an elected broker listens unless told: this host only, a port the system picks.
 DEFAULT_LISTEN = "127.0.0.1:0"
+#: The environment variable that names the mode when ``broker=`` does not.
+MODE_ENV = "OBJQ_BROKER"
 
-_ENV = {
-    "broker_listen": "OBJQ_BROKER_LISTEN",
-    "broker_advertise": "OBJQ_BROKER_ADVERTISE",
-    "broker_token": "OBJQ_BROKER_TOKEN",
-    "broker_takeover_seconds": "OBJQ_BROKER_TAKEOVER_SECONDS",
-}
+
+class BrokerOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The ``broker_*`` options of ``Queue``, each also from its environment variable."""
+
+    #: Where this process serves when elected (host:port).
+    broker_listen: Annotated[str, Meta(extra={"env": "OBJQ_BROKER_LISTEN"})] = DEFAULT_LISTEN
+    #: The address written in the state for others to reach (None: the bound address).
+    broker_advertise: Annotated[str | None, Meta(extra={"env": "OBJQ_BROKER_ADVERTISE"})] = None
+    #: The shared secret that encrypts and authenticates the link. Never shown.
+    broker_token: Annotated[
+        str | None, Meta(extra={"env": "OBJQ_BROKER_TOKEN", "secret": True})
+    ] = None
+    #: How long the broker may be unreachable before a process takes over.
+    broker_takeover_seconds: Annotated[
+        PositiveSeconds, Meta(extra={"env": "OBJQ_BROKER_TAKEOVER_SECONDS"})
+    ] = DEFAULT_TAKEOVER_SECONDS
+
+    def __repr__(self) -> str:
+        return (
+            f"BrokerOptions(broker_listen={self.broker_listen!r}, "
+            f"broker_advertise={self.broker_advertise!r}, "
+            f"broker_takeover_seconds={self.broker_takeover_seconds!r})"
+        )
+
+
 #: Options of earlier versions: a token now encrypts and authenticates the link (CURVE).
 _RETIRED = ("broker_tls_cert", "broker_tls_key", "broker_tls_ca")
 #: The options this module takes out of ``Queue(**options)``.
-BROKER_OPTIONS = frozenset(_ENV) | frozenset(_RETIRED)
+BROKER_OPTIONS = option_names(BrokerOptions) | frozenset(_RETIRED)
 
 
 @dataclass(frozen=True)
@@ -74,12 +99,9 @@ def broker_settings(
             f"broker: {', '.join(retired)} no longer exist; the link is secured by the shared "
             "token alone (broker_token= or $OBJQ_BROKER_TOKEN encrypts and authenticates it)"
         )
-    values: dict[str, Any] = {}
-    for key, env in _ENV.items():
-        value = given.get(key, os.environ.get(env) or None)
-        if value is not None:
-            values[key.removeprefix("broker_")] = value
-    spec = broker if broker is not None else os.environ.get("OBJQ_BROKER") or None
+    chosen = {key: value for key, value in given.items() if value is not None}
+    read = read_settings(BrokerOptions, chosen, where="broker", lax=True)
+    spec = broker if broker is not None else os.environ.get(MODE_ENV) or None
     implicit = spec is None
     spec = spec or default
     if spec in ("off", "auto", "client"):
@@ -91,14 +113,19 @@ def broker_settings(
         raise ConfigurationError(
             f"broker: expected 'off', 'auto', 'client' or a host:port address, found {spec!r}"
         )
-    if "takeover_seconds" in values:
-        values["takeover_seconds"] = positive_seconds(
-            values["takeover_seconds"], "broker_takeover_seconds", where="broker"
-        )
-    for key in ("listen", "advertise"):
-        if key in values and not _is_address(str(values[key])):
-            raise ConfigurationError(f"broker_{key}: expected host:port, found {values[key]!r}")
-    return BrokerSettings(mode=mode, implicit=implicit, address=address, **values)
+    for key in ("broker_listen", "broker_advertise"):
+        value = getattr(read, key)
+        if value is not None and not _is_address(value):
+            raise ConfigurationError(f"{key}: expected host:port, found {value!r}")
+    return BrokerSettings(
+        mode=mode,
+        implicit=implicit,
+        address=address,
+        listen=read.broker_listen,
+        advertise=read.broker_advertise,
+        token=read.broker_token,
+        takeover_seconds=read.broker_takeover_seconds,
+    )
 
 
 def _is_address(text: str) -> bool:

@@ -19,6 +19,7 @@ from objq_broker.cli.context import Context
 from objq_broker.cli.exporter import metrics_module, serve_metrics
 from objq_broker.cli.output import printable
 from objq_broker.errors import ConfigurationError, ObjqError
+from objq_broker.model.settings import env_names
 from objq_broker.queue import Queue
 
 #: Where a dedicated broker listens unless told (a fixed port, for clients to name).
@@ -30,12 +31,14 @@ STANDBY_CHECK_SECONDS = 1.0
 def cmd_broker(ctx: Context) -> int:
     try:
         from objq_broker.broker.elected import ElectedCommitter
-        from objq_broker.broker.settings import broker_settings
+        from objq_broker.broker.settings import BrokerOptions, broker_settings
     except ModuleNotFoundError as exc:
         raise ConfigurationError(f"objq broker needs pyzmq ({exc}): pip install pyzmq") from exc
     logging.basicConfig(format="objq broker: %(message)s", level=logging.INFO)
     ctx.snapshot(create=True)  # a missing bucket or a corrupt state fails here, in one line
-    listen = ctx.args.listen or os.environ.get("OBJQ_BROKER_LISTEN") or DEFAULT_LISTEN
+    # A dedicated broker listens on a fixed port unless told, for clients to name it.
+    listen_env = env_names(BrokerOptions)["broker_listen"]
+    listen = ctx.args.listen or os.environ.get(listen_env) or DEFAULT_LISTEN
     options = {"broker_listen": listen, "broker_advertise": ctx.args.advertise}
     if ctx.args.takeover_seconds is not None:
         options["broker_takeover_seconds"] = ctx.args.takeover_seconds

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from objq_broker.broker.settings import broker_settings
 from objq_broker.cli.output import UsageError, print_json
-from objq_broker.engine.options import URL_ENV
+from objq_broker.engine.options import URL_ENV, url_settings
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import BucketNotFound
 from objq_broker.queue import Queue
@@ -65,7 +65,8 @@ class Context:
         """The store. A local directory must already exist unless ``create``; then it is
         created as the Python API creates it (only in an existing parent directory)."""
         if self._store is None:
-            self._store = open_store(self.url) if create else open_existing(self.url)
+            url, _ = url_settings(self.url, "objq")  # the engine's settings are the queue's
+            self._store = open_store(url) if create else open_existing(url)
         return self._store
 
     def snapshot(self, *, create: bool = False) -> Snapshot:
@@ -82,7 +83,9 @@ class Context:
         names the lease holder (``objq workers`` shows it)."""
         if self._queue is None:
             broker = broker_settings(None, {}, default="auto" if serves else "client")
-            self._queue = Queue(store=self.store(create=create), broker=broker, owner=owner)
+            _, engine = url_settings(self.url, "objq")
+            store = self.store(create=create)
+            self._queue = Queue(store=store, broker=broker, owner=owner, **engine)
         return self._queue
 
     def emit(self, value: Any, text: str) -> None:

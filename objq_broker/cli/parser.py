@@ -7,7 +7,6 @@ the queue API would refuse is refused here, naming its option, before the store 
 from __future__ import annotations
 
 import argparse
-import functools
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -342,9 +341,11 @@ def _running_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         default=None,
         help="host:port other hosts reach this broker at (default: the address listened on)",
     )
+    from objq_broker.broker.settings import BrokerOptions
+
     sub.add_argument(
         "--takeover-seconds",
-        type=functools.partial(values.seconds, above_zero=True),
+        type=values.setting(BrokerOptions, "broker_takeover_seconds"),
         default=None,
         help="how long the broker may be unreachable before a standby takes over (5)",
     )

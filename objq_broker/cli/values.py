@@ -11,15 +11,31 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from objq_broker.cli import operate
 from objq_broker.errors import ConfigurationError
 from objq_broker.model import durations
 from objq_broker.model.checks import MAX_SECONDS, MAX_WRITE_RATE
+from objq_broker.model.settings import from_texts
 
 #: Times ``--since`` and ``--until`` may name (UTC): what the archive's dated keys can write.
 TIME_RANGE = (datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC))
 #: Queue settings that are durations (the others are counts), by their option names.
 DURATION_SETTINGS = frozenset(name for name in operate.SETTINGS if name != "max-attempts")
+
+
+def setting(struct: type[msgspec.Struct], name: str) -> Callable[[str], Any]:
+    """An argparse type: setting ``name`` of a component's settings ``struct``, read from
+    text and checked as the environment's text is (one reading for both)."""
+
+    def setting(text: str) -> Any:
+        try:
+            return from_texts(struct, {name: text}, where="value")[name]
+        except ConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 2)[-1]) from None
+
+    return setting
 
 
 def seconds_above_zero(text: str) -> float:

@@ -30,6 +30,7 @@ from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
+from objq_broker.builders import default_owner
 from objq_broker.cli import cmdjob
 from objq_broker.cli.context import Context
 from objq_broker.cli.inspect import parse_duration
@@ -38,7 +39,6 @@ from objq_broker.cli.redact import Redactor
 from objq_broker.cli.stopping import DEFAULT_GRACE_SECONDS, Shutdown
 from objq_broker.consume import LeaseKeeper, interval_for
 from objq_broker.errors import ConfigurationError, LeaseLost, ObjqError
-from objq_broker.ops import default_owner
 from objq_broker.queue import Delivery, Queue
 
 log = logging.getLogger("objq_broker.worker")

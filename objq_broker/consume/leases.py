@@ -20,8 +20,8 @@ import weakref
 from collections.abc import Sequence, Set
 from typing import Protocol
 
+from objq_broker.builders import Delay, Delivery
 from objq_broker.errors import ConfigurationError, QueueClosed
-from objq_broker.ops import Delay, Delivery
 from objq_broker.queue import Queue
 
 log = logging.getLogger("objq_broker.consume")

@@ -46,8 +46,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence, Set
 from concurrent.futures import Future
 
+from objq_broker.builders import Delay, Delivery
 from objq_broker.errors import ObjqError
-from objq_broker.ops import Delay, Delivery
 from objq_broker.queue import Queue
 
 log = logging.getLogger("objq_broker.consume")

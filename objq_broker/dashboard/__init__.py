@@ -12,7 +12,7 @@ letters go through :class:`~objq_broker.Queue`, and only with a token (see
 The modules: :mod:`~objq_broker.dashboard.app` (the Starlette application),
 :mod:`~objq_broker.dashboard.pages` and :mod:`~objq_broker.dashboard.actions` (its routes),
 :mod:`~objq_broker.dashboard.reading` (what the pages show), :mod:`~objq_broker.dashboard.decode`
-(payloads), :mod:`~objq_broker.dashboard.security` (token, sessions, cross-site checks),
+(payloads), :mod:`~objq_broker.dashboard.security` (token, logins, cross-site checks),
 :mod:`~objq_broker.dashboard.server` (uvicorn in a thread).
 """
 

@@ -22,7 +22,7 @@ from objq_broker.dashboard.security import (
     CSRF_FIELD,
     FAILED_LOGIN_DELAY_SECONDS,
     SESSION_COOKIE,
-    Session,
+    Login,
     cross_site_refusal,
     csrf_matches,
     safe_next,
@@ -64,11 +64,11 @@ async def login(request: Request) -> Response:
         await asyncio.sleep(FAILED_LOGIN_DELAY_SECONDS)  # guessing becomes slow
         context = {"next": target, "error": "That is not the token this dashboard was given."}
         return dashboard.render(request, "login.html", context, 403)
-    session_id, _ = dashboard.sessions.open()
+    login_id, _ = dashboard.logins.open()
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(
         SESSION_COOKIE,
-        session_id,
+        login_id,
         max_age=int(dashboard.settings.session_seconds),
         path="/",
         httponly=True,
@@ -83,7 +83,7 @@ async def logout(request: Request) -> Response:
         await _authorized(request)
     except Refused as exc:
         return _refuse(request, str(exc))
-    dashboard_of(request).sessions.close(request.cookies.get(SESSION_COOKIE))
+    dashboard_of(request).logins.close(request.cookies.get(SESSION_COOKIE))
     response = RedirectResponse("/", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
     return response
@@ -109,7 +109,7 @@ async def _on_dead(
 ) -> Response:
     """Retry or purge the dead letters the form names: ``id`` fields, or ``scope=all``."""
     try:
-        session, form = await _authorized(request)
+        login, form = await _authorized(request)
     except Refused as exc:
         return _refuse(request, str(exc))
     name = request.path_params["queue"]
@@ -118,29 +118,28 @@ async def _on_dead(
     if not ids and not every:
         raise ValueError("expected the ids of dead letters (id=...) or scope=all, found neither")
     dashboard = dashboard_of(request)
-    session.notice = await run_in_threadpool(act, dashboard.queue(), name, None if every else ids)
+    login.notice = await run_in_threadpool(act, dashboard.queue(), name, None if every else ids)
     back = safe_next(_one(form, "back") or f"/queues/{quote(name, safe='')}?state=dead")
     return RedirectResponse(back, status_code=303)
 
 
-async def _authorized(request: Request) -> tuple[Session, Form]:
-    """The session and form of an action that passed every check; :class:`Refused` else."""
+async def _authorized(request: Request) -> tuple[Login, Form]:
+    """The login and form of an action that passed every check; :class:`Refused` else."""
     dashboard = dashboard_of(request)
     if dashboard.settings.read_only:
         raise Refused("this dashboard is read-only: it was started without a token")
     reason = cross_site_refusal(request)
     if reason is not None:
         raise Refused(reason)
-    session = dashboard.session(request)
-    if session is None:
-        raise Refused("not logged in (or the session expired): log in with the token first")
+    login = dashboard.login(request)
+    if login is None:
+        raise Refused("not logged in (or the login expired): log in with the token first")
     form = await _form(request)
-    if not csrf_matches(_one(form, CSRF_FIELD), session):
+    if not csrf_matches(_one(form, CSRF_FIELD), login):
         raise Refused(
-            "the form's CSRF token is missing or is not this session's: reload the page and "
-            "try again"
+            "the form's CSRF token is missing or is not this login's: reload the page and try again"
         )
-    return session, form
+    return login, form
 
 
 async def _form(request: Request) -> Form:

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from objq_broker.broker.settings import broker_settings
 from objq_broker.dashboard import actions, pages
-from objq_broker.dashboard.security import SESSION_COOKIE, Session, Sessions
+from objq_broker.dashboard.security import SESSION_COOKIE, Login, Logins
 from objq_broker.dashboard.settings import DashboardSettings
 from objq_broker.metrics import exporter_registry
 from objq_broker.model.shown import age, size, when
@@ -51,14 +51,14 @@ SECURITY_HEADERS = [
 
 
 class Dashboard:
-    """What the routes share: the store, the settings, the sessions, and the queue API that
+    """What the routes share: the store, the settings, the logins, and the queue API that
     actions go through (opened at the first action, as a broker client that never becomes
     the broker: a dashboard must not take over a namespace)."""
 
     def __init__(self, store: ObjectStore, settings: DashboardSettings) -> None:
         self.store = store
         self.settings = settings
-        self.sessions = Sessions(settings.session_seconds)
+        self.logins = Logins(settings.session_seconds)
         self.templates = Jinja2Templates(env=_environment())
         self._queue: Queue | None = None
         self._registry: CollectorRegistry | None = None
@@ -84,23 +84,23 @@ class Dashboard:
                 self._queue.close()
                 self._queue = None
 
-    def session(self, request: Request) -> Session | None:
-        """The logged-in session of ``request``; None when read-only or not logged in."""
+    def login(self, request: Request) -> Login | None:
+        """The logged-in login of ``request``; None when read-only or not logged in."""
         if self.settings.read_only:
             return None
-        return self.sessions.get(request.cookies.get(SESSION_COOKIE))
+        return self.logins.get(request.cookies.get(SESSION_COOKIE))
 
     def render(
         self, request: Request, template: str, context: dict[str, Any], status: int = 200
     ) -> Response:
-        session = self.session(request)
+        login = self.login(request)
         notice = None
-        if session is not None:
-            notice, session.notice = session.notice, None
+        if login is not None:
+            notice, login.notice = login.notice, None
         shared = {
             "store_url": self.store.url,
             "read_only": self.settings.read_only,
-            "session": session,
+            "login": login,
             "notice": notice,
             "refresh_seconds": self.settings.refresh_seconds,
             "path": request.url.path,

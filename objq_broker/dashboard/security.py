@@ -1,16 +1,16 @@
-"""Who may act: the token, the login session, and the checks against cross-site requests.
+"""Who may act: the token, the login login, and the checks against cross-site requests.
 
 A dashboard started without a token is read-only: it offers no action and answers every
 action with 403. With a token, acting takes, on every POST:
 
 1. an ``Origin`` header naming this dashboard's own origin (or, where a browser sends none,
    a ``Referer`` on it): a form on another site cannot post here;
-2. the session cookie that logging in with the token set (``SameSite=Strict``, so a browser
+2. the login cookie that logging in with the token set (``SameSite=Strict``, so a browser
    does not send it with a request that another site starts, and ``HttpOnly``);
-3. the session's CSRF token in a hidden field of the form (compared in constant time).
+3. the login's CSRF token in a hidden field of the form (compared in constant time).
 
 The token itself is compared in constant time, never logged, never stored anywhere but in
-this process's memory, and travels only in the body of the login form. Sessions live in the
+this process's memory, and travels only in the body of the login form. Logins live in the
 memory of the process: restarting the dashboard logs everybody out.
 """
 
@@ -25,19 +25,19 @@ from urllib.parse import urlsplit
 
 from starlette.requests import Request
 
-#: The cookie that carries a session's id.
+#: The cookie that carries a login's id.
 SESSION_COOKIE = "objq_dashboard_session"
-#: The form field that carries a session's CSRF token.
+#: The form field that carries a login's CSRF token.
 CSRF_FIELD = "csrf"
-#: Sessions kept at most; logging in past this ends the oldest (a bound on memory, whatever
+#: Logins kept at most; logging in past this ends the oldest (a bound on memory, whatever
 #: the number of logins).
-MAX_SESSIONS = 256
+MAX_LOGINS = 256
 #: How long a failed login waits before it answers: guessing becomes slow.
 FAILED_LOGIN_DELAY_SECONDS = 1.0
 
 
 @dataclass
-class Session:
+class Login:
     """One logged-in browser."""
 
     csrf: str
@@ -46,41 +46,41 @@ class Session:
     notice: str | None = None
 
 
-class Sessions:
-    """The logged-in browsers of one dashboard, by session id. Thread-safe."""
+class Logins:
+    """The logged-in browsers of one dashboard, by login id. Thread-safe."""
 
     def __init__(self, lifetime_seconds: float) -> None:
         self.lifetime_seconds = lifetime_seconds
-        self._sessions: dict[str, Session] = {}
+        self._logins: dict[str, Login] = {}
         self._lock = threading.Lock()
 
-    def open(self) -> tuple[str, Session]:
-        """A new session: its id (for the cookie) and record."""
+    def open(self) -> tuple[str, Login]:
+        """A new login: its id (for the cookie) and record."""
         now = time.time()
-        session = Session(secrets.token_urlsafe(32), now + self.lifetime_seconds)
-        session_id = secrets.token_urlsafe(32)
+        login = Login(secrets.token_urlsafe(32), now + self.lifetime_seconds)
+        login_id = secrets.token_urlsafe(32)
         with self._lock:
-            for gone in [k for k, s in self._sessions.items() if s.expires_at <= now]:
-                del self._sessions[gone]
-            while len(self._sessions) >= MAX_SESSIONS:
-                del self._sessions[min(self._sessions, key=lambda k: self._sessions[k].expires_at)]
-            self._sessions[session_id] = session
-        return session_id, session
+            for gone in [k for k, s in self._logins.items() if s.expires_at <= now]:
+                del self._logins[gone]
+            while len(self._logins) >= MAX_LOGINS:
+                del self._logins[min(self._logins, key=lambda k: self._logins[k].expires_at)]
+            self._logins[login_id] = login
+        return login_id, login
 
-    def get(self, session_id: str | None) -> Session | None:
-        """The live session with this id; None for an unknown or expired one."""
-        if not session_id:
+    def get(self, login_id: str | None) -> Login | None:
+        """The live login with this id; None for an unknown or expired one."""
+        if not login_id:
             return None
         with self._lock:
-            session = self._sessions.get(session_id)
-            if session is not None and session.expires_at <= time.time():
-                del self._sessions[session_id]
+            login = self._logins.get(login_id)
+            if login is not None and login.expires_at <= time.time():
+                del self._logins[login_id]
                 return None
-            return session
+            return login
 
-    def close(self, session_id: str | None) -> None:
+    def close(self, login_id: str | None) -> None:
         with self._lock:
-            self._sessions.pop(session_id or "", None)
+            self._logins.pop(login_id or "", None)
 
 
 def token_matches(given: str, token: str) -> bool:
@@ -88,8 +88,8 @@ def token_matches(given: str, token: str) -> bool:
     return hmac.compare_digest(given.encode(), token.encode())
 
 
-def csrf_matches(given: str | None, session: Session) -> bool:
-    return given is not None and hmac.compare_digest(given.encode(), session.csrf.encode())
+def csrf_matches(given: str | None, login: Login) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), login.csrf.encode())
 
 
 def own_origin(request: Request) -> str:

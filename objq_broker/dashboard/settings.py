@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
 
 from objq_broker.errors import ConfigurationError
+from objq_broker.model.checks import PositiveSeconds
+from objq_broker.model.settings import check_fields
 
 #: The environment variable that gives the token (``--token`` takes precedence): a command
 #: line is visible to every user of the host in ``ps``, the environment is not.
@@ -24,38 +29,33 @@ DEFAULT_SESSION_SECONDS = 8 * 3600.0
 TOKEN_ADVICE = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 
-@dataclass(frozen=True)
-class DashboardSettings:
+class DashboardSettings(msgspec.Struct, frozen=True):
     """How one dashboard behaves. Without a ``token`` it is read-only: it offers no action and
-    refuses every one. The token never appears in ``repr``.
+    refuses every one. The token never appears in ``repr``, nor in a refusal.
 
     >>> DashboardSettings(token="s3cret-token-of-32-characters!!")
     DashboardSettings(token='***', refresh_seconds=3.0, page_size=50, session_seconds=28800.0)
     """
 
-    token: str | None = None
-    refresh_seconds: float = DEFAULT_REFRESH_SECONDS
-    page_size: int = DEFAULT_PAGE_SIZE
-    session_seconds: float = DEFAULT_SESSION_SECONDS
+    #: The token that allows actions after logging in (None: read-only).
+    token: Annotated[str | None, Meta(extra={"env": TOKEN_ENV, "secret": True})] = None
+    #: How often the overview asks for new numbers.
+    refresh_seconds: PositiveSeconds = DEFAULT_REFRESH_SECONDS
+    #: Rows of a queue or archive page.
+    page_size: Annotated[int, Meta(ge=1)] = DEFAULT_PAGE_SIZE
+    #: How long a login lasts.
+    session_seconds: PositiveSeconds = DEFAULT_SESSION_SECONDS
     #: Host names the dashboard answers to (the ``Host`` header); None: any. A dashboard on
     #: loopback answers to loopback names only, so a web page that rebinds its own name to
     #: 127.0.0.1 cannot read it through the browser of someone on this host.
-    allowed_hosts: tuple[str, ...] | None = field(default=None, repr=False)
+    allowed_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self, where="dashboard")
         if self.token is not None and len(self.token) < MIN_TOKEN_CHARS:
             raise ConfigurationError(
                 f"dashboard token: expected at least {MIN_TOKEN_CHARS} characters, found "
                 f"{len(self.token)}; make one with {TOKEN_ADVICE}"
-            )
-        if self.refresh_seconds <= 0 or self.session_seconds <= 0:
-            raise ConfigurationError(
-                "dashboard: expected positive refresh_seconds and session_seconds, found "
-                f"{self.refresh_seconds} and {self.session_seconds}"
-            )
-        if self.page_size < 1:
-            raise ConfigurationError(
-                f"dashboard page_size: expected 1 or more, found {self.page_size}"
             )
 
     def __repr__(self) -> str:

@@ -16,7 +16,8 @@ from dramatiq.common import current_millis, dq_name
 from dramatiq.errors import QueueJoinTimeout, QueueNotFound
 from msgspec import Meta
 
-from objq_broker.consume import LeaseKeeper, positive_seconds, seconds_from_env
+from objq_broker.builders import default_owner
+from objq_broker.consume import LeaseKeeper
 from objq_broker.dramatiq.consumer import ObjqConsumer, connection_errors
 from objq_broker.errors import ConfigurationError
 from objq_broker.model.checks import (
@@ -27,7 +28,7 @@ from objq_broker.model.checks import (
     PositiveSeconds,
     checked,
 )
-from objq_broker.ops import default_owner
+from objq_broker.model.settings import read_settings
 from objq_broker.queue import Queue
 from objq_broker.storage import ObjectStore
 
@@ -53,14 +54,24 @@ Milliseconds = Annotated[float, Meta(ge=-MAX_DELAY_MS, le=MAX_DELAY_MS)]
 BrokerPriority = Annotated[int, Meta(ge=BROKER_PRIORITY_RANGE[0], le=BROKER_PRIORITY_RANGE[1])]
 
 
-class _Settings(msgspec.Struct):
-    """The broker's own settings, checked when it is built (not when a queue is declared)."""
+class DramatiqSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The broker's own settings, checked when it is built (not when a queue is declared).
+    Numbers may be given as text too (``lease_seconds="1m"``), as the environment gives them."""
 
-    lease_seconds: PositiveSeconds
-    heartbeat_seconds: PositiveSeconds
-    dead_message_ttl: Annotated[float, Meta(gt=0, le=MAX_DELAY_MS)]
-    max_deliveries: Attempts
-    max_claim: ClaimCount
+    #: How long a message stays invisible without a heartbeat.
+    lease_seconds: Annotated[PositiveSeconds, Meta(extra={"env": LEASE_ENV})] = (
+        DEFAULT_LEASE_SECONDS
+    )
+    #: How often held messages' leases are extended (None: lease_seconds / 3).
+    heartbeat_seconds: PositiveSeconds | None = None
+    #: How long dead letters are kept, in milliseconds.
+    dead_message_ttl: Annotated[float, Meta(gt=0, le=MAX_DELAY_MS, extra={"unit": "ms"})] = (
+        DEFAULT_DEAD_MESSAGE_TTL_MS
+    )
+    #: Lease expiries (killed workers) a message survives before it is dead-lettered.
+    max_deliveries: Attempts = DEFAULT_MAX_DELIVERIES
+    #: Most messages a consumer holds claimed ahead of its worker threads.
+    max_claim: ClaimCount = DEFAULT_MAX_CLAIM
 
 
 class _SendOptions(msgspec.Struct):
@@ -114,26 +125,25 @@ class ObjqBroker(dramatiq.Broker):
             raise ConfigurationError(
                 "ObjqBroker: got queue= together with a URL, store= or options; expected one"
             )
-        lease = (
-            positive_seconds(lease_seconds, "lease_seconds", where="ObjqBroker")
-            if lease_seconds is not None
-            else seconds_from_env(LEASE_ENV, DEFAULT_LEASE_SECONDS)
-        )
         given = {
-            "lease_seconds": lease,
-            "heartbeat_seconds": lease / 3.0
-            if heartbeat_seconds is None
-            else positive_seconds(heartbeat_seconds, "heartbeat_seconds", where="ObjqBroker"),
+            "lease_seconds": lease_seconds,
+            "heartbeat_seconds": heartbeat_seconds,
             "dead_message_ttl": dead_message_ttl,
             "max_deliveries": max_deliveries,
             "max_claim": max_claim,
         }
         # Checked before the queue is opened: a refused broker leaves nothing running.
-        settings = checked(given, _Settings, "ObjqBroker")
-        if settings.heartbeat_seconds >= settings.lease_seconds:
+        settings = read_settings(
+            DramatiqSettings,
+            {name: value for name, value in given.items() if value is not None},
+            where="ObjqBroker",
+            lax=True,
+        )
+        heartbeat = settings.heartbeat_seconds or settings.lease_seconds / 3.0
+        if heartbeat >= settings.lease_seconds:
             raise ConfigurationError(
                 f"ObjqBroker: heartbeat_seconds: expected less than lease_seconds "
-                f"({settings.lease_seconds:g}), found {settings.heartbeat_seconds:g}"
+                f"({settings.lease_seconds:g}), found {heartbeat:g}"
             )
         if queue is None:
             options.setdefault("owner", default_owner("dramatiq"))  # shown by objq workers
@@ -141,7 +151,7 @@ class ObjqBroker(dramatiq.Broker):
         self.client = queue
         self.queues: set[str] = set()
         self.lease_seconds = settings.lease_seconds
-        self.heartbeat_seconds = settings.heartbeat_seconds
+        self.heartbeat_seconds = heartbeat
         self.dead_message_ttl = settings.dead_message_ttl
         self.max_deliveries = settings.max_deliveries
         self.max_claim = settings.max_claim

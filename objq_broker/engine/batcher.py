@@ -22,8 +22,8 @@ class Batcher(Generic[P]):
     """Pending operations (items of any kind: ``size`` says how many bytes one carries) and
     the worker thread that takes them, started by the first :meth:`add`.
 
-    ``cv`` guards the pending items and whatever state of its owner goes with them (closing,
-    fencing): :meth:`add`, :meth:`linger` and :meth:`take` are called holding it."""
+    ``cv`` guards the pending items, :attr:`closing`, and whatever state of its owner goes with
+    them (fencing): :meth:`add`, :meth:`linger` and :meth:`take` are called holding it."""
 
     def __init__(
         self,
@@ -39,6 +39,12 @@ class Batcher(Generic[P]):
         self._name, self._work, self._size = name, work, size
         self.max_items, self.max_bytes = max_items, max_bytes
         self.thread: threading.Thread | None = None
+        #: :meth:`close` was called: the owner takes no more items, and its worker stops once
+        #: it has worked off those pending.
+        self.closing = False
+        #: A batch is being worked on, by the worker or by a caller that took its own item
+        #: (:meth:`take_alone`): one batch at a time.
+        self.busy = False
         self._taken = 0  # items of the batch being worked on
         self._callers = 0  # most items pending or being worked on since the last batch left
         self._expected = 0  # ... as of the last batch done: how many the next one waits for
@@ -48,18 +54,45 @@ class Batcher(Generic[P]):
         Call holding :attr:`cv`."""
         self.pending.append(item)
         self._callers = max(self._callers, len(self.pending) + self._taken)
+        self._start()
+        self.cv.notify()
+
+    def take_alone(self, item: P) -> bool:
+        """Let the caller work on ``item`` itself, as a batch of one, when nothing else is
+        pending or being worked on (True: it must call :meth:`done` after); else queue it
+        (:meth:`add`). Call holding :attr:`cv`. Nobody waits to join a batch then, so a
+        hand-off to the worker thread and back would only add two thread switches."""
+        if self.pending or self.busy or self.closing:
+            self.add(item)
+            return False
+        self.busy = True
+        self._taken = 1
+        self._callers = max(self._callers, 1)
+        self._start()  # the worker still keeps the idle ticks
+        return True
+
+    def begin(self) -> None:
+        """Mark a batch the worker made itself (an idle tick) as being worked on."""
+        self.busy = True
+
+    def _start(self) -> None:
         if self.thread is None:
             self.thread = threading.Thread(target=self._work, name=self._name, daemon=True)
             self.thread.start()
-        self.cv.notify()
 
-    def linger(self, span: float, *, stop: Callable[[], bool], target: int | None = None) -> None:
+    def close(self) -> None:
+        """Set :attr:`closing` and wake the worker (which may be lingering) to finish up."""
+        with self.cv:
+            self.closing = True
+            self.cv.notify()
+
+    def linger(self, span: float, *, target: int | None = None) -> None:
         """Wait up to ``span`` seconds for ``target`` items to be pending (by default as
         many as were pending or worked on at once during the last batch: the callers it
-        released), or until ``stop()``. Call holding :attr:`cv`."""
+        released), or until closing. Call holding :attr:`cv`."""
         want = self._expected if target is None else target
         end = time.monotonic() + span
-        while len(self.pending) < want and not stop():
+        while len(self.pending) < want and not self.closing:
             remaining = end - time.monotonic()
             if remaining <= 0:
                 return
@@ -81,13 +114,17 @@ class Batcher(Generic[P]):
                 break
             batch.append(self.pending.popleft())
         self._taken = self._callers = len(batch)
+        self.busy = True
         return batch
 
     def done(self) -> None:
-        """The batch taken last was worked on: the next lingers for its callers."""
+        """The batch taken last was worked on: the next lingers for its callers, and the
+        worker (waiting while a caller worked on its own) may take it."""
         with self.cv:
             self._taken = 0
             self._expected = self._callers
+            self.busy = False
+            self.cv.notify()
 
     def drain(self) -> list[P]:
         """Every pending item, taken out (holding :attr:`cv`): a worker that stops fails them."""

@@ -23,26 +23,70 @@ Failure handling, in order of likelihood:
 * **Corrupt or unknown state**, missing bucket, denied access: every op of the batch fails with
   that error at once, and the state object is left untouched.
 
-The class is built in layers, a module each (:mod:`~objq_broker.engine.base` lists them); this
-module holds what callers use.
+:class:`Engine` is what callers use. It holds its parts, each the only owner of what it keeps:
+
+* a :class:`~objq_broker.engine.loading.StateCache`: the cached state and the version a commit
+  writes over, when to read it again, the runs read, and the store's reports of writes;
+* a :class:`~objq_broker.engine.writing.TryWriter`: one try's objects and state written, the
+  tidying after a commit, and the failed tries of the batch being committed;
+* a :class:`~objq_broker.engine.batcher.Batcher`: the operations pending, the writer thread,
+  and whether the engine is closing;
+* a :class:`~objq_broker.engine.loop.CommitLoop`: that thread's work, taking batches and
+  committing each with the retries and failure handling above.
+
+Its defaults are in :mod:`~objq_broker.engine.base`.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import TypeVar
 
-from objq_broker.engine.batch import NOT_READIED, Pending, Readiness, ReadyMark, StandingClaims
+from objq_broker.engine.archive import DEFAULT_ARCHIVE_TAIL_BYTES
+from objq_broker.engine.base import (
+    DEFAULT_COMMIT_DEADLINE_SECONDS,
+    DEFAULT_IDLE_TICK_SECONDS,
+    DEFAULT_INLINE_STATE_BYTES,
+    DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_MAX_BATCH_OPS,
+    DEFAULT_MAX_STALENESS_SECONDS,
+    DEFAULT_SPILL_AT,
+)
+from objq_broker.engine.batch import (
+    NOT_READIED,
+    EngineMetrics,
+    Pending,
+    Readiness,
+    ReadyMark,
+    StandingClaims,
+)
+from objq_broker.engine.batcher import Batcher
+from objq_broker.engine.bodies import BodyCache
+from objq_broker.engine.garbage import (
+    DEFAULT_GC_INTERVAL_SECONDS,
+    DEFAULT_OLDER_THAN_SECONDS,
+    Sweeper,
+)
+from objq_broker.engine.guard import STATE_KEY
+from objq_broker.engine.loading import StateCache
 from objq_broker.engine.loop import CommitLoop
+from objq_broker.engine.options import EngineLimits, check_engine_settings
+from objq_broker.engine.writing import TryWriter
 from objq_broker.errors import QueueClosed, WriterFenced
+from objq_broker.model.encoding import DEFAULT_MAX_STATE_BYTES
 from objq_broker.model.ops import Claim, Nothing, Op
 from objq_broker.model.records import Job
+from objq_broker.model.runs import MAX_RUN_JOBS
+from objq_broker.storage.base import ObjectStore
 
 T = TypeVar("T")
+log = logging.getLogger("objq_broker.engine")
 
 
-class Engine(CommitLoop):
+class Engine:
     """Batches queue operations into conditional writes of one state object.
 
     >>> from objq_broker.model.ops import Declare
@@ -53,6 +97,105 @@ class Engine(CommitLoop):
     >>> engine.close()
     """
 
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        key: str = STATE_KEY,
+        archive: bool = True,
+        max_batch_ops: int = DEFAULT_MAX_BATCH_OPS,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        linger_seconds: float = 0.0,
+        commit_deadline_seconds: float = DEFAULT_COMMIT_DEADLINE_SECONDS,
+        max_staleness_seconds: float = DEFAULT_MAX_STALENESS_SECONDS,
+        idle_tick_seconds: float = DEFAULT_IDLE_TICK_SECONDS,
+        epoch: int | None = None,
+        exclusive: bool = False,
+        bodies: BodyCache | None = None,
+        clock: Callable[[], float] = time.time,
+        seed: int | None = None,
+        spill_at: int | None = DEFAULT_SPILL_AT,
+        run_jobs: int = MAX_RUN_JOBS,
+        gc_interval_seconds: float | None = DEFAULT_GC_INTERVAL_SECONDS,
+        gc_older_than_seconds: float = DEFAULT_OLDER_THAN_SECONDS,
+        inline_state_bytes: int = DEFAULT_INLINE_STATE_BYTES,
+        max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
+        archive_tail_bytes: int = DEFAULT_ARCHIVE_TAIL_BYTES,
+    ) -> None:
+        check_engine_settings(
+            {
+                name: value
+                for name, value in locals().items()
+                if name in EngineLimits.__struct_fields__
+            }
+        )
+        self.store = store
+        self.metrics = EngineMetrics()
+        #: Payload bodies kept out of the state, cached by bodies object.
+        self.bodies = bodies if bodies is not None else BodyCache(store)
+        self._listeners: list[Callable[[], None]] = []
+        self._cache = StateCache(
+            store,
+            key=key,
+            metrics=self.metrics,
+            epoch=epoch,
+            exclusive=exclusive,
+            clock=clock,
+            max_staleness_seconds=max_staleness_seconds,
+            max_state_bytes=max_state_bytes,
+            on_change=self._tell_listeners,
+        )
+        self._writer = TryWriter(
+            store,
+            self._cache,
+            self.bodies,
+            self.metrics,
+            archive=archive,
+            archive_tail_bytes=archive_tail_bytes,
+            inline_state_bytes=inline_state_bytes,
+            spill_at=spill_at,
+            run_jobs=run_jobs,
+            gc_interval_seconds=gc_interval_seconds,
+            gc_older_than_seconds=gc_older_than_seconds,
+        )
+        #: Operations waiting for the writer thread, which it takes a batch at a time.
+        self._batcher: Batcher[Pending] = Batcher(
+            f"objq-writer {store.url}",
+            self._write_batches,
+            size=_size,
+            max_items=max_batch_ops,
+            max_bytes=max_batch_bytes,
+        )
+        self._loop = CommitLoop(
+            store,
+            self._batcher,
+            self._cache,
+            self._writer,
+            self.metrics,
+            linger_seconds=linger_seconds,
+            commit_deadline_seconds=commit_deadline_seconds,
+            idle_tick_seconds=idle_tick_seconds,
+            seed=seed,
+            on_commit=self._tell_listeners,
+        )
+
+    def _write_batches(self) -> None:
+        """The writer thread."""
+        self._loop.run()
+
+    def _tell_listeners(self) -> None:
+        """Call the commit listeners (on the writer's or the store's thread); one that
+        raises must stop neither."""
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("a commit listener failed")
+
+    def __repr__(self) -> str:
+        role = "" if self.epoch is None else f", epoch={self.epoch}"
+        return f"Engine({self.store.url!r}{role})"
+
     def submit(self, op: Op[T]) -> Future[T]:
         """Queue ``op`` for the next commit. Its class says how fresh the state must be
         (``fresh`` for claims, ``latest`` for inspection) and whether its caller consumes
@@ -60,18 +203,36 @@ class Engine(CommitLoop):
         future: Future[T] = Future()
         pending = Pending.of(op, future)  # (its properties are read outside the lock)
         with self._batcher.cv:
-            if self._fenced is not None:
-                raise self._fenced
-            if self._broken is not None:
-                raise self._broken
-            if self._closing:
-                raise QueueClosed(f"the engine for {self.store.url} is closed")
+            self._check_open()
             self._batcher.add(pending)
         return future
 
     def call(self, op: Op[T]) -> T:
-        """Submit ``op`` and wait until its effect is durable; return its result."""
-        return self.submit(op).result()
+        """Commit ``op`` and wait until its effect is durable; return its result. When
+        nothing else is pending or committing, the caller commits it in its own thread:
+        there is no batch to form, and handing it to the writer thread and back would cost
+        two thread switches."""
+        future: Future[T] = Future()
+        pending = Pending.of(op, future)
+        with self._batcher.cv:
+            self._check_open()
+            if self._loop.may_commit_alone():
+                alone = self._batcher.take_alone(pending)  # (else queued for the worker)
+            else:
+                alone = False
+                self._batcher.add(pending)
+        if alone:
+            self._loop.commit_alone(pending)
+        return future.result()
+
+    def _check_open(self) -> None:
+        """Why no op may be submitted now, if so (holding the batcher's ``cv``)."""
+        if self._loop.fenced is not None:
+            raise self._loop.fenced
+        if self._loop.broken is not None:
+            raise self._loop.broken
+        if self._batcher.closing:
+            raise QueueClosed(f"the engine for {self.store.url} is closed")
 
     def claim_waiting(self, claim: Claim, wait_seconds: float) -> list[Job] | None:
         """None: an engine of its own has nobody to wait at; its caller claims and waits
@@ -85,48 +246,46 @@ class Engine(CommitLoop):
             if self._batcher.thread is None:
                 return
         self.submit(Nothing()).result(timeout)
-        self._janitor.wait(timeout)
+        self._writer.wait_tidied(timeout)
 
     def on_commit(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the writer thread) after each batch; it must not block."""
-        self._commit_listeners.append(listener)
+        self._listeners.append(listener)
 
     def take_waiting_claims(self, source: StandingClaims) -> None:
         """Let each commit that readies jobs take claims waiting for them from ``source``."""
-        self._standing = source
+        self._loop.take_waiting_claims(source)
 
     def close(self, timeout: float | None = None) -> None:
         """Commit what is pending, then stop the writer thread."""
         with self._batcher.cv:
-            self._closing = True
-            self._batcher.cv.notify()
+            self._batcher.close()
             thread = self._batcher.thread
         if thread is not None:
             thread.join(timeout)
-        if self._watch is not None:
-            self._watch.close()
-        self._janitor.close()
+        self._cache.close()
+        self._writer.close()
         self.bodies.close()
 
     @property
     def closed(self) -> bool:
-        return self._closing
+        return self._batcher.closing
 
     @property
     def readied(self) -> ReadyMark:
         """A mark that changes whenever a commit made jobs claimable, the state was read
         again, or the store reported a write to it: what tells a broker (or a queue) its
         waiting claimers have something to look for."""
-        state = self._state
+        state = self._cache.state
         if state is None:
-            return (*NOT_READIED[:2], self._told_changes)
-        return (id(state), state.readied, self._told_changes)
+            return (*NOT_READIED[:2], self._cache.told_changes)
+        return (id(state), state.readied, self._cache.told_changes)
 
     def readiness(self, queues: Iterable[str]) -> Readiness:
         """How many jobs each of ``queues`` has had made claimable, and when the next timed
         one comes due. Call it only from a commit listener: the engine's thread, between
         commits, when the state holds still."""
-        state = self._state
+        state = self._cache.state
         if state is None:
             return Readiness(0, {}, {})
         counts = {name: state.readied_in.get(name, 0) for name in queues}
@@ -142,4 +301,89 @@ class Engine(CommitLoop):
     @property
     def fenced(self) -> WriterFenced | None:
         """Why this engine stopped writing, if a writer with a newer epoch replaced it."""
-        return self._fenced
+        return self._loop.fenced
+
+    # --- the settings, each kept by the part that uses it --------------------------------
+
+    @property
+    def key(self) -> str:
+        """The state object's key under the store's prefix."""
+        return self._cache.key
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch this engine writes under (an elected broker's); None: not elected."""
+        return self._cache.epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int | None) -> None:
+        self._cache.epoch = epoch
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether this engine is the namespace's only writer (a broker)."""
+        return self._cache.exclusive
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The wall clock the engine's commits go by."""
+        return self._cache.clock
+
+    @property
+    def max_staleness_seconds(self) -> float:
+        """How old the cached state may be before a claim or a read fetches it again."""
+        return self._cache.max_staleness_seconds
+
+    @property
+    def max_state_bytes(self) -> int:
+        """The largest state this engine reads or writes."""
+        return self._cache.max_state_bytes
+
+    @property
+    def archive(self) -> bool:
+        """Whether finished jobs are archived (False: their records are dropped)."""
+        return self._writer.archive
+
+    @property
+    def archive_tail_bytes(self) -> int:
+        """How large the archive tail kept in the state grows before it leaves for an object."""
+        return self._writer.archive_tail_bytes
+
+    @property
+    def inline_state_bytes(self) -> int:
+        """Below this size of the state, large payloads stay in it."""
+        return self._writer.inline_state_bytes
+
+    @property
+    def spill_at(self) -> int | None:
+        """How many jobs a queue keeps in the state's head before they move to runs."""
+        return self._writer.spill_at
+
+    @property
+    def run_jobs(self) -> int:
+        """Most jobs in one run."""
+        return self._writer.run_jobs
+
+    @property
+    def sweeper(self) -> Sweeper | None:
+        """Collects unreferenced objects now and then (``docs/deploy.md``); None: never."""
+        return self._writer.sweeper
+
+    @property
+    def linger_seconds(self) -> float:
+        """How long a batch waits to fill (0: as long as the callers of the last one take)."""
+        return self._loop.linger_seconds
+
+    @property
+    def commit_deadline_seconds(self) -> float:
+        """How long a batch keeps retrying storage errors and conflicts before its ops fail."""
+        return self._loop.commit_deadline_seconds
+
+    @property
+    def idle_tick_seconds(self) -> float:
+        """How often an idle consumer engine looks for stale leases to expire (at first)."""
+        return self._loop.idle_tick_seconds
+
+
+def _size(pending: Pending) -> int:
+    return pending.size

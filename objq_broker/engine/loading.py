@@ -1,22 +1,31 @@
-"""The cached state and a batch applied to it: when to read the state again (a conflict, a
-report of another writer, staleness for claims, an inspection), the runs a batch needs read
-first, and the claims waiting at a broker joined into the commit that readies their jobs."""
+"""The engine's cached state: the state object as last read or written, the version a commit
+writes over, and when to read it again (a conflict, a report of another writer, staleness for
+claims, an inspection); and the runs a batch needs, read into a cache of their own (a run
+never changes once written).
+
+:class:`StateCache` alone reads the state object and keeps its version: the
+:class:`~objq_broker.engine.writing.TryWriter` stores a state through it
+(:meth:`StateCache.write`), and the writer thread asks it for the state of each try
+(:meth:`StateCache.load`).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
-from typing import Any
+from collections.abc import Callable, Iterable
 
-from objq_broker.engine.batch import Attempt, Pending
+from objq_broker.engine.batch import EngineMetrics, Pending
+from objq_broker.engine.guard import StateGuard
 from objq_broker.engine.runs import check_staged, read_runs
-from objq_broker.engine.writing import StateWriter
-from objq_broker.errors import ObjqError, PreconditionFailed, WriterFenced
+from objq_broker.errors import PreconditionFailed, WriterFenced
 from objq_broker.model.encoding import decode_state
-from objq_broker.model.ops import EnqueueRuns, Op, Session, runs_needed
-from objq_broker.model.records import KeyRunRef, RunRef
+from objq_broker.model.ops import EnqueueRuns, Session, runs_needed
+from objq_broker.model.records import Job, KeyRecord, StateDoc
 from objq_broker.model.state import QueueState
+from objq_broker.storage.base import ObjectStore
+from objq_broker.storage.notify import folder_of, watch_folder
+from objq_broker.storage.probe import require_conditions
 
 log = logging.getLogger("objq_broker.engine")
 
@@ -28,11 +37,89 @@ EXCLUSIVE_RECHECK_SECONDS = 30.0
 RUN_CACHE_SIZE = 16
 
 
-class StateLoader(StateWriter):
-    """The layer of :class:`~objq_broker.engine.commit.Engine` that keeps the state cached and
-    applies batches to it."""
+class StateCache:
+    """One engine's copy of a namespace's state, and the version it writes over.
 
-    def _load(self, *, force: bool, fresh: bool, latest: bool = False) -> QueueState:
+    >>> from objq_broker.storage import MemoryStore
+    >>> cache = StateCache(
+    ...     MemoryStore(), key="state.json", metrics=EngineMetrics(), epoch=None,
+    ...     exclusive=False, clock=time.time, max_staleness_seconds=0.2,
+    ...     max_state_bytes=1 << 20, on_change=lambda: None,
+    ... )
+    >>> cache.load(force=False, fresh=True).doc.version
+    0
+    >>> cache.close()
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        key: str,
+        metrics: EngineMetrics,
+        epoch: int | None,
+        exclusive: bool,
+        clock: Callable[[], float],
+        max_staleness_seconds: float,
+        max_state_bytes: int,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.store = store
+        #: The state object's key under the store's prefix.
+        self.key = key
+        self.metrics = metrics
+        #: The epoch this engine writes under (an elected broker's); a state with a higher one
+        #: means it was replaced, and it stops. None: not elected, never fenced.
+        self.epoch = epoch
+        #: This engine is the namespace's only writer (a broker): its cached state is the
+        #: stored one, so it reads only after a conflict, never to look for others' changes.
+        self.exclusive = exclusive
+        #: The wall clock the engine's commits are stamped with (a test's stand-in for
+        #: ``time.time``).
+        self.clock = clock
+        #: How old the cached state may be before a claim or a read fetches it again.
+        self.max_staleness_seconds = max_staleness_seconds
+        #: A larger state is refused unread (a hostile one would exhaust memory).
+        self.max_state_bytes = max_state_bytes
+        #: Refuses a state that went back or vanished (``engine.guard``).
+        self._guard = StateGuard(store, key)
+        self._state: QueueState | None = None
+        self._version: str | None = None
+        self._synced_at = float("-inf")  # monotonic time the cache last matched storage
+        self._state_bytes = 0  # size of the state as last read or written
+        self._runs: dict[str, list[Job]] = {}  # runs read or written; they never change
+        self._key_runs: dict[str, dict[str, KeyRecord]] = {}  # the same for key runs
+        self._runs_missing: list[str] | None = None  # runs found gone by the last try
+        self._lost_against: str | None = None  # the version a conflicting write expected
+        self._others_moved = False  # the state changed since that conflict: progress
+        # Writes to the state the store reported (a local folder does), and how many of them
+        # the cache had seen when it was last read: a claim after a newer one reads again.
+        self._told_changes = self._synced_changes = 0
+        self._on_change = on_change
+        # The only writer learns nothing from reports of its own writes.
+        self._watch = None if exclusive else watch_folder(store, folder_of(key), self._told)
+
+    @property
+    def state(self) -> QueueState | None:
+        """The cached state; None before the first read and after :meth:`invalidate`."""
+        return self._state
+
+    @property
+    def size(self) -> int:
+        """The state's size in bytes, as last read or written."""
+        return self._state_bytes
+
+    @property
+    def told_changes(self) -> int:
+        """How many writes to the state the store has reported."""
+        return self._told_changes
+
+    @property
+    def runs(self) -> dict[str, list[Job]]:
+        """The runs read or written so far, by key: what the state takes their jobs from."""
+        return self._runs
+
+    def load(self, *, force: bool, fresh: bool, latest: bool = False) -> QueueState:
         """The cached state, re-read when unknown, forced, asked for, reported written, or
         too old."""
         told = self._told_changes
@@ -74,91 +161,67 @@ class StateLoader(StateWriter):
         self._state_bytes = 0 if blob is None else len(blob.data)
         if self.exclusive and state is not self._state:
             state.hold_marks(self.clock())  # the only writer: use costs no write of its own
-        state.run_contents = self._run_cache
-        state.key_contents = self._key_cache
+        state.run_contents = self._runs
+        state.key_contents = self._key_runs
         self._state, self._version = state, version
         self._synced_at, self._synced_changes = time.monotonic(), told
         return state
 
-    def _invalidate(self) -> None:
+    def invalidate(self) -> None:
+        """Forget the cached state: the next :meth:`load` reads it."""
         self._state = None
         self._version = None
         self._synced_at = float("-inf")
 
-    def _apply(self, state: QueueState, ops: list[Pending]) -> Attempt | None:
-        now = self.clock()
-        self._read_runs(state, ops, now)
-        waiting = self._standing.waiting_on() if self._standing is not None else ()
-        before = {name: state.readied_in.get(name, 0) for name in waiting}
-        results: list[tuple[Pending, bool, Any]] = []
-        for op in ops:
-            if not self._apply_one(state, op, now, results):
-                ops.remove(op)
-                return None
-        expired = state.expire(now)
-        if before and not self._join_waiting_claims(state, ops, results, before, now):
-            return None
-        return Attempt(uuid.uuid4().hex, results, finished=list(state.finished), expired=expired)
+    def lost_race(self) -> None:
+        """A write over the cached version was refused: another writer got there first. The
+        next read tells whether the state moved on since (:meth:`others_moved`)."""
+        self._lost_against = self._version
 
-    def _apply_one(
-        self, state: QueueState, op: Pending, now: float, results: list[tuple[Pending, bool, Any]]
-    ) -> bool:
-        """Apply ``op`` and note its outcome; False (the op failed, the state dropped) when
-        it crashed."""
-        try:
-            results.append((op, True, op.op.apply(state, now)))
-        except ObjqError as exc:
-            # Transitions check before they change anything: the state is intact.
-            results.append((op, False, exc))
-        except Exception as exc:
-            # A bug may have left the state half-changed: fail this op, start again.
-            log.exception("operation failed unexpectedly; re-reading the state")
-            op.future.set_exception(exc)
-            self._invalidate()
-            return False
-        return True
+    def others_moved(self) -> bool:
+        """Whether the read after the last lost race found the state changed: another writer
+        made progress. Says so once."""
+        moved, self._others_moved = self._others_moved, False
+        return moved
 
-    def _join_waiting_claims(
-        self,
-        state: QueueState,
-        ops: list[Pending],
-        results: list[tuple[Pending, bool, Any]],
-        before: dict[str, int],
-        now: float,
-    ) -> bool:
-        """Apply the waiting claims this try readied jobs for, as members of the batch (a
-        retry applies them again); False when one crashed (see :meth:`_apply_one`)."""
-        assert self._standing is not None
-        readied = {name: state.readied_in.get(name, 0) - n for name, n in before.items()}
-        readied = {name: n for name, n in readied.items() if n > 0}
-        if not readied:
-            return True
+    def check_writable(self) -> None:
+        """Before a try writes anything: a namespace's first state is created only on a store
+        that honours write conditions."""
+        if self._version is None:
+            require_conditions(self.store, self.key)
 
-        def fits(op: Op[Any]) -> bool:
-            return all(_cached(state, ref) for _, ref in runs_needed(state, [op], now))
+    def write(self, doc: StateDoc, data: bytes) -> None:
+        """Store ``data`` (``doc`` encoded) over the cached version (created if there was
+        none), and take it as the cached state's version."""
+        self._state_bytes = len(data)
+        if self._version is None:
+            version = self.store.write(self.key, data, if_absent=True)
+            self._guard.created()
+        else:
+            version = self.store.write(self.key, data, if_version=self._version)
+        self._guard.wrote(doc)
+        self.metrics.state_writes += 1
+        self._version = version
+        self._synced_at = time.monotonic()
 
-        for op, future in self._standing.take(readied, fits):
-            if not future.set_running_or_notify_cancel():
-                continue
-            joined = Pending.of(op, future)
-            ops.append(joined)
-            if not self._apply_one(state, joined, now, results):
-                ops.remove(joined)
-                return False
-        return True
+    def forget_runs(self, keys: Iterable[str]) -> None:
+        """Drop runs a landed commit consumed (they are being deleted)."""
+        for key in keys:
+            self._runs.pop(key, None)
+            self._key_runs.pop(key, None)
 
-    def _read_runs(self, state: QueueState, ops: list[Pending], now: float) -> None:
+    def read_runs(self, state: QueueState, ops: list[Pending], now: float) -> None:
         """Read the runs ``ops`` may take from or look into, so the model stays pure. The
         cache keeps the runs read last (runs never change), up to :data:`RUN_CACHE_SIZE`
         besides those this batch needs."""
         needed = runs_needed(state, [op.op for op in ops], now)
         keep = {ref.key for _, ref in needed}
-        for cache in (self._run_cache, self._key_cache):
+        for cache in (self._runs, self._key_runs):
             spare = [k for k in cache if k not in keep]
             for key in spare[: max(len(cache) - RUN_CACHE_SIZE, 0)]:
                 del cache[key]  # the oldest read first
         missing, broken = read_runs(self.store, state, needed) if needed else ([], {})
-        state.unreadable_runs = self._check_staged(ops)
+        state.unreadable_runs = _check_staged(self.store, ops)
         for key, reason in broken.items():
             self._lose_run(state, key, reason, now)
         if not missing:
@@ -182,19 +245,28 @@ class StateLoader(StateWriter):
         )
         state.lose_run(key, reason, now)
 
-    def _check_staged(self, ops: list[Pending]) -> dict[str, str]:
-        """Why each run a staged write of ``ops`` names cannot be added (see
-        :func:`~objq_broker.engine.runs.check_staged`)."""
-        unreadable: dict[str, str] = {}
-        for pending in ops:
-            inner = pending.op.ops if isinstance(pending.op, Session) else [pending.op]
-            for op in inner:
-                if isinstance(op, EnqueueRuns):
-                    unreadable |= check_staged(self.store, op.queue, op.runs)
-        return unreadable
+    def _told(self, key: str | None) -> None:
+        """The store reported a write under the state's folder (on its own thread): if it
+        was the state, by another process or by this one, claims read it again and claimers
+        look at once instead of at their next poll."""
+        if key is not None and key != self.key:
+            return
+        self._told_changes += 1
+        self._on_change()
+
+    def close(self) -> None:
+        """Stop watching the store for writes to the state."""
+        if self._watch is not None:
+            self._watch.close()
 
 
-def _cached(state: QueueState, ref: RunRef | KeyRunRef) -> bool:
-    """Whether the run ``ref`` names has been read (a transition may use it)."""
-    contents = state.run_contents if isinstance(ref, RunRef) else state.key_contents
-    return ref.key in contents
+def _check_staged(store: ObjectStore, ops: list[Pending]) -> dict[str, str]:
+    """Why each run a staged write of ``ops`` names cannot be added (see
+    :func:`~objq_broker.engine.runs.check_staged`)."""
+    unreadable: dict[str, str] = {}
+    for pending in ops:
+        inner = pending.op.ops if isinstance(pending.op, Session) else [pending.op]
+        for op in inner:
+            if isinstance(op, EnqueueRuns):
+                unreadable |= check_staged(store, op.queue, op.runs)
+    return unreadable

@@ -1,19 +1,29 @@
 """The writer thread: it takes a batch (lingering for the callers the last commit released,
 and keeping to the namespace's write budget), commits it with retries, and resolves its futures
 only once the state that holds their effect is stored. The failure handling is described in
-:mod:`~objq_broker.engine.commit`."""
+:mod:`~objq_broker.engine.commit`.
+
+:class:`CommitLoop` drives the engine's other parts: it takes batches from the
+:class:`~objq_broker.engine.batcher.Batcher`, asks the
+:class:`~objq_broker.engine.loading.StateCache` for the state of each try, applies the batch to
+it (:func:`~objq_broker.engine.applying.apply_batch`) and hands the try to the
+:class:`~objq_broker.engine.writing.TryWriter`."""
 
 from __future__ import annotations
 
 import logging
+import random
 import time
+from collections.abc import Callable
 from typing import Any
 
-from objq_broker.engine.base import MAX_IDLE_TICK_SECONDS
-from objq_broker.engine.batch import Attempt, Pending
+from objq_broker.engine.applying import apply_batch
+from objq_broker.engine.batch import Attempt, EngineMetrics, Pending, StandingClaims
+from objq_broker.engine.batcher import Batcher
 from objq_broker.engine.budget import budget_wait
-from objq_broker.engine.loading import StateLoader
+from objq_broker.engine.loading import StateCache
 from objq_broker.engine.oversize import StateTooLarge, refuse_largest
+from objq_broker.engine.writing import TryWriter
 from objq_broker.errors import (
     AccessDenied,
     BucketNotFound,
@@ -29,7 +39,9 @@ from objq_broker.errors import (
 )
 from objq_broker.model.backoff import backoff_seconds
 from objq_broker.model.ops import Nothing, Read, Session, SetWriteBudget
+from objq_broker.model.state import QueueState
 from objq_broker.model.tally import job_events
+from objq_broker.storage.base import ObjectStore
 
 log = logging.getLogger("objq_broker.engine")
 
@@ -39,8 +51,10 @@ CONFLICT_JITTER_SECONDS = 0.003
 #: the state before writing (a read that finds it unchanged costs no decode) instead of
 #: writing blind on its cached copy, losing, and reading anyway.
 CONTENDED_SECONDS = 1.0
-#: Longest adaptive wait for a batch to fill (see ``Engine._linger``).
+#: Longest adaptive wait for a batch to fill (see ``CommitLoop._linger``).
 ADAPTIVE_LINGER_MAX_SECONDS = 0.02
+#: Longest interval between an idle consumer engine's looks for stale leases.
+MAX_IDLE_TICK_SECONDS = 16.0
 #: Why a batch that adds nothing still cannot be stored.
 _NO_ROOM = (
     "though nothing in its batch adds to it: raise max_state_bytes for every process, or "
@@ -51,10 +65,65 @@ _NO_ROOM = (
 _FATAL = (StateCorrupt, AccessDenied, BucketNotFound, WriterFenced, ConfigurationError)
 
 
-class CommitLoop(StateLoader):
-    """The layer of :class:`~objq_broker.engine.commit.Engine` that runs the writer thread."""
+class CommitLoop:
+    """The writer thread of an :class:`~objq_broker.engine.commit.Engine`: :meth:`run` is
+    the work of its ``batcher``.
 
-    def _run(self) -> None:
+    ``linger_seconds``: how long a batch waits to fill (0: adapt, see :meth:`_linger`).
+    ``commit_deadline_seconds``: how long a batch keeps retrying storage errors and conflicts
+    before its ops fail. ``idle_tick_seconds``: how often an idle consumer engine looks for
+    stale leases to expire (at first). ``seed``: of the retry jitter. ``on_commit``: called
+    after each batch."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        batcher: Batcher[Pending],
+        cache: StateCache,
+        writer: TryWriter,
+        metrics: EngineMetrics,
+        *,
+        linger_seconds: float,
+        commit_deadline_seconds: float,
+        idle_tick_seconds: float,
+        seed: int | None,
+        on_commit: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self._batcher = batcher
+        self._cache = cache
+        self._writer = writer
+        self.metrics = metrics
+        self.linger_seconds = linger_seconds
+        self.commit_deadline_seconds = commit_deadline_seconds
+        self.idle_tick_seconds = idle_tick_seconds
+        self._on_commit = on_commit
+        self._rng = random.Random(seed)
+        self._fenced: WriterFenced | None = None
+        self._broken: QueueError | None = None  # why the writer thread stopped, if it did
+        self._consumer = False  # a consumer's op was seen: idle ticks expire leases
+        self._standing: StandingClaims | None = None
+        self._last_commit_seconds = 0.0
+        self._committed_at = float("-inf")  # monotonic time the last commit ended
+        self._idle_tick = idle_tick_seconds
+        self._contended_until = 0.0  # monotonic time until which other writers seem active
+
+    @property
+    def fenced(self) -> WriterFenced | None:
+        """Why this writer stopped writing, if a writer with a newer epoch replaced it."""
+        return self._fenced
+
+    @property
+    def broken(self) -> QueueError | None:
+        """Why the writer thread stopped, if something it did not expect stopped it."""
+        return self._broken
+
+    def take_waiting_claims(self, source: StandingClaims) -> None:
+        """Let each commit that readies jobs take claims waiting for them from ``source``."""
+        self._standing = source
+
+    def run(self) -> None:
+        """Commit batch after batch, until the batcher is closed and drained."""
         try:
             while True:
                 batch = self._next_batch()
@@ -80,19 +149,40 @@ class CommitLoop(StateLoader):
         """Wait for work (or an idle tick) and take a batch; None when closed and drained."""
         batcher = self._batcher
         with batcher.cv:
-            while not batcher.pending:
-                if self._closing:
+            # A caller committing its own op (see ``commit_alone``) holds the batcher busy.
+            while batcher.busy or not batcher.pending:
+                if batcher.closing and not batcher.pending and not batcher.busy:
                     return None
-                tick = self._idle_tick if self._consumer else None
-                if not batcher.cv.wait(tick) and not batcher.pending:
-                    # Idle tick: expire stale leases. Each costs a read in direct mode, so
-                    # they grow sparser while nothing happens (claims expire leases too).
-                    self._idle_tick = min(self._idle_tick * 2, MAX_IDLE_TICK_SECONDS)
-                    return []
+                tick = self._idle_tick if self._consumer and not batcher.busy else None
+                woken = batcher.cv.wait(tick)
+                if tick is None or woken or batcher.busy or batcher.pending:
+                    continue
+                if time.monotonic() - self._committed_at < tick:
+                    continue  # callers committed meanwhile, expiring leases as they did
+                # Idle tick: expire stale leases. Each costs a read in direct mode, so they
+                # grow sparser while nothing happens (claims expire leases too).
+                self._idle_tick = min(self._idle_tick * 2, MAX_IDLE_TICK_SECONDS)
+                batcher.begin()
+                return []
             self._idle_tick = self.idle_tick_seconds
             self._linger()
             self._keep_to_budget()
             return batcher.take()
+
+    def may_commit_alone(self) -> bool:
+        """Whether a caller may commit its own op when nothing else is pending: not under a
+        write budget (the worker keeps to it), and not before the state was first read."""
+        state = self._cache.state
+        return state is not None and state.doc.write_budget is None
+
+    def commit_alone(self, pending: Pending) -> None:
+        """Commit ``pending``, which the batcher let its caller take (``take_alone``), in the
+        caller's thread; what is submitted meanwhile waits for the worker."""
+        try:
+            self._commit([pending])
+        except BaseException as exc:  # an interrupted caller: the writer itself goes on
+            log.warning("a commit on %s was interrupted: %r", self.store.url, exc)
+            raise
 
     def _linger(self) -> None:
         """Let a batch fill before committing it (called holding the batcher's ``cv``).
@@ -106,23 +196,20 @@ class CommitLoop(StateLoader):
         two commits measured best for 8 clients). One caller never waits.
         """
         batcher = self._batcher
-        if self._closing:
+        if batcher.closing:
             return
         if self.linger_seconds > 0:
-            batcher.linger(self.linger_seconds, stop=self._stopping, target=batcher.max_items)
+            batcher.linger(self.linger_seconds, target=batcher.max_items)
         elif not batcher.full:
             span = min(ADAPTIVE_LINGER_MAX_SECONDS, 2 * self._last_commit_seconds)
-            batcher.linger(span, stop=self._stopping)
-
-    def _stopping(self) -> bool:
-        return self._closing
+            batcher.linger(span)
 
     def _keep_to_budget(self) -> None:
         """Under a write budget (``engine.budget``), wait until the namespace may write again
         before taking a batch that may write (called holding the batcher's ``cv``); what is
         submitted meanwhile joins the batch. Reads and flushes never wait, nor does changing
         the budget (lifting one of a write a minute must not take a minute)."""
-        state = self._state
+        state = self._cache.state
         if state is None or state.doc.write_budget is None:
             return
         pending = self._batcher.pending
@@ -131,10 +218,10 @@ class CommitLoop(StateLoader):
         ):
             return
         wait = budget_wait(
-            state.doc.write_budget, last_commit=state.doc.committed_at, now=self.clock()
+            state.doc.write_budget, last_commit=state.doc.committed_at, now=self._cache.clock()
         )
         end = time.monotonic() + wait
-        while not self._closing and (remaining := end - time.monotonic()) > 0:
+        while not self._batcher.closing and (remaining := end - time.monotonic()) > 0:
             self._batcher.cv.wait(remaining)
 
     def _commit(self, batch: list[Pending]) -> None:
@@ -151,20 +238,29 @@ class CommitLoop(StateLoader):
                 fresh=not batch or any(op.fresh for op in batch),
                 latest=any(op.latest for op in batch),
             )
+        except BaseException as exc:
+            # Stopped mid-try (a signal in a caller committing its own op): the cache may hold
+            # a half-applied state, and the ops joined to this batch would wait for ever.
+            self._cache.invalidate()
+            self._fail(live, QueueError(f"{self.store.url}: commit interrupted: {exc!r}"))
+            raise
         finally:
             self.metrics.batches += 1
             self.metrics.ops += len(batch)
             self.metrics.max_batch_ops = max(self.metrics.max_batch_ops, len(batch))
             self._last_commit_seconds = time.monotonic() - started
-            self._batcher.done()
+            self._committed_at = time.monotonic()
             self.metrics.commit_seconds_total += self._last_commit_seconds
             self.metrics.commit_durations.observe(self._last_commit_seconds)
-            self._tell_listeners()
+            try:
+                self._on_commit()
+            finally:
+                # After the listeners: they read the state between commits, before the next.
+                self._batcher.done()
 
     def _commit_with_retries(self, live: list[Pending], *, fresh: bool, latest: bool) -> None:
         deadline = time.monotonic() + self.commit_deadline_seconds
-        # Left by a batch that gave up: those writes may still land, so their objects stay.
-        self._failed_tries = []
+        self._writer.start_batch()
         tries = 0
         while True:
             tries += 1
@@ -173,7 +269,7 @@ class CommitLoop(StateLoader):
                 if self._try_commit(live, fresh, latest):
                     return
             except _FATAL as exc:
-                self._invalidate()
+                self._cache.invalidate()
                 if isinstance(exc, WriterFenced):
                     self._fenced = exc
                 self._fail(live, exc)
@@ -199,9 +295,9 @@ class CommitLoop(StateLoader):
                 log.warning(
                     "commit on %s failed unexpectedly, retrying", self.store.url, exc_info=True
                 )
-                self._invalidate()
+                self._cache.invalidate()
                 if time.monotonic() >= deadline:
-                    self._fail(live, _unexpected(self.store.url, exc, bool(self._failed_tries)))
+                    self._fail(live, _unexpected(self.store.url, exc, self._writer.in_doubt))
                     return
                 time.sleep(
                     min(
@@ -214,7 +310,7 @@ class CommitLoop(StateLoader):
         """After a try whose state was too large: refuse what grew it
         (:func:`~objq_broker.engine.oversize.refuse_largest`). When nothing left in ``live``
         adds to the state, fail it all (``live`` is emptied)."""
-        self._invalidate()
+        self._cache.invalidate()
         if refuse_largest(live, exc, self.store.url) == 0:  # no try can do better
             self._fail(live, StateFull(f"{self.store.url}: {exc}, {_NO_ROOM}"))
             live.clear()
@@ -223,37 +319,33 @@ class CommitLoop(StateLoader):
         """Count a failed try and drop the cache; returns the batch's deadline, restarted when
         the previous conflict turned out to be another writer's progress."""
         if isinstance(exc, PreconditionFailed):
-            self._lost_against = self._version
+            self._cache.lost_race()
             self._contended_until = time.monotonic() + CONTENDED_SECONDS
             self.metrics.conflicts += 1
         else:
             self.metrics.storage_errors += 1
             log.warning("storage error on %s, retrying: %s", self.store.url, exc)
-        self._invalidate()
-        if self._others_moved:
-            self._others_moved = False
+        self._cache.invalidate()
+        if self._cache.others_moved():
             return time.monotonic() + self.commit_deadline_seconds
         return deadline
 
     def _try_commit(self, live: list[Pending], fresh: bool, latest: bool) -> bool:
         """One try; True when every op is settled, False to try again at once."""
-        failed = self._failed_tries
-        contended = not self.exclusive and time.monotonic() < self._contended_until
-        state = self._load(force=bool(failed), fresh=fresh, latest=latest or contended)
-        recent = set(state.doc.recent_commits)
-        landed = next((a for a in failed if a.commit_id in recent), None)
+        writer = self._writer
+        contended = not self._cache.exclusive and time.monotonic() < self._contended_until
+        state = self._cache.load(force=writer.in_doubt, fresh=fresh, latest=latest or contended)
+        landed = writer.landed_in(state)
         if landed is not None:
             log.info("commit %s landed although its write failed", landed.commit_id)
             self._settled(landed)
             return True
-        # None has landed yet. What they wrote ahead of the state is kept: the next try
-        # re-applies the same ops and usually writes the very same archive and bodies.
         attempt = self._apply(state, live)
         if attempt is None:
             return False  # an op crashed: it was failed and dropped; start again
         if state.dirty:
             try:
-                self._write(state, attempt)
+                writer.write(state, attempt)
             except StateTooLarge as exc:
                 self._make_room(live, exc)
                 return not live  # settled when nothing is left to commit
@@ -261,21 +353,27 @@ class CommitLoop(StateLoader):
                 # Even a refused condition may hide a landed write: an SDK that retried a
                 # timed-out PUT gets 412 from its own first attempt. Look before re-applying.
                 if not isinstance(exc, _FATAL):
-                    failed.append(attempt)
+                    writer.failed(attempt)
                 raise
         self._settled(attempt)
         return True
+
+    def _apply(self, state: QueueState, live: list[Pending]) -> Attempt | None:
+        """Apply ``live`` (with the runs it needs read first) as one try; None when an op
+        crashed (it was failed and dropped, and the state is read again)."""
+        now = self._cache.clock()
+        self._cache.read_runs(state, live, now)
+        attempt = apply_batch(state, live, now, self._standing)
+        if attempt is None:
+            self._cache.invalidate()
+        return attempt
 
     def _settled(self, landed: Attempt) -> None:
         """``landed`` is the try whose state is stored: resolve its results, and delete what
         the other tries wrote ahead of theirs (none of them can land on top of it)."""
         self._resolve(landed.results)
         self._tally(landed)
-        kept = set(landed.written)
-        orphans = {key for a in self._failed_tries for key in a.written} - kept
-        for key in sorted(orphans):
-            self._delete_quietly(key, "orphan object")
-        self._failed_tries = []
+        self._writer.settled(landed)
 
     def _tally(self, landed: Attempt) -> None:
         """Count what the landed try did to jobs. A broker's sessions are left out: each
@@ -290,7 +388,9 @@ class CommitLoop(StateLoader):
 
     def _deadline_error(self, exc: Exception, tries: int) -> ObjqError:
         what = (
-            "could not confirm whether the last write landed" if self._failed_tries else "gave up"
+            "could not confirm whether the last write landed"
+            if self._writer.in_doubt
+            else "gave up"
         )
         # Whatever the last try met (a timeout, or a race lost after a slow write), the
         # storage could not take the commit in time: a transient storage error.

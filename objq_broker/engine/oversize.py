@@ -24,32 +24,8 @@ import msgspec
 
 from objq_broker.engine.batch import Pending
 from objq_broker.errors import StateFull
-from objq_broker.model.ops import (
-    Ack,
-    Claim,
-    Configure,
-    Declare,
-    DeleteQueue,
-    Enqueue,
-    EnqueueRuns,
-    EnqueueStaged,
-    Expire,
-    Nothing,
-    Op,
-    Purge,
-    PurgeDead,
-    Read,
-    Refused,
-    Release,
-    ResignBroker,
-    RetryDead,
-    Session,
-)
+from objq_broker.model.ops import Claim, Op, Refused, Session
 
-#: Operations that never make the state larger (reads change nothing).
-_SHRINKING = (Ack, DeleteQueue, Expire, Nothing, Purge, PurgeDead, Read, Release, ResignBroker)
-#: Operations that bring new things into the state (and none of its jobs out).
-_PRODUCING = (Configure, Declare, Enqueue, EnqueueRuns, EnqueueStaged, RetryDead)
 #: The share of ``max_state_bytes`` only consumers may fill.
 CONSUMERS_SHARE = 0.1
 
@@ -143,11 +119,11 @@ def _largest(live: list[Pending], too_large: StateTooLarge) -> list[_Place]:
 
 
 def _grows(op: Op[Any]) -> bool:
-    return not isinstance(op, (*_SHRINKING, Refused))
+    return not op.shrinks
 
 
 def _produces(op: Op[Any]) -> bool:
-    return isinstance(op, _PRODUCING)
+    return op.produces
 
 
 def _flat(results: list[tuple[Pending, bool, Any]]) -> list[Op[Any]]:

@@ -27,8 +27,11 @@ class Committer(Protocol):
 
     #: Payload bodies kept out of the state, read (and cached) by reference.
     bodies: BodyCache
-    #: How long one commit keeps retrying before its operations fail.
-    commit_deadline_seconds: float
+
+    @property
+    def commit_deadline_seconds(self) -> float:
+        """How long one commit keeps retrying before its operations fail."""
+        ...
 
     @property
     def metrics(self) -> EngineMetrics:
@@ -38,6 +41,11 @@ class Committer(Protocol):
     def submit(self, op: Op[T]) -> Future[T]:
         """Queue ``op`` for a commit. Raises :class:`~objq_broker.errors.QueueClosed` once
         closed. The future holds the result, or the error that refused this op alone."""
+        ...
+
+    def call(self, op: Op[T]) -> T:
+        """Commit ``op`` and wait until it is durable: its result, or the error that refused
+        it. Blocks the caller (which may commit it itself, when nothing else is pending)."""
         ...
 
     def claim_waiting(self, claim: Claim, wait_seconds: float) -> list[Job] | None:

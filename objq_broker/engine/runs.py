@@ -1,4 +1,4 @@
-"""Reading runs (the backlog kept out of the state's head, ``docs/segments.md``) for the model.
+"""Reading runs (the backlog kept out of the state's head, ``docs/runs.md``) for the model.
 
 Runs never change once written, so what has been read is kept for as long as the state refers
 to it. A run the state refers to but storage no longer holds usually means the state read was

@@ -3,8 +3,9 @@ archive objects), the state itself with its ``if_version`` condition, and the ti
 landed (freed objects deleted, orphan runs swept, run merges planned).
 
 Everything is written before the state that refers to it, so a state never names a missing
-object; what a failed try wrote ahead is remembered, reused by the next try when it holds the
-same, and deleted once another try landed.
+object. :class:`TryWriter` keeps the tries of the batch being committed whose state write
+failed (any one of them may yet land): what they wrote ahead is reused by the next try when it
+holds the same, and deleted once another try landed.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ import logging
 import time
 
 from objq_broker.engine.archive import plan_archive
-from objq_broker.engine.base import EngineBase
-from objq_broker.engine.batch import Attempt
+from objq_broker.engine.batch import Attempt, EngineMetrics
 from objq_broker.engine.bindings import unbind_queues
+from objq_broker.engine.bodies import BodyCache
+from objq_broker.engine.garbage import Sweeper
+from objq_broker.engine.janitor import Janitor
+from objq_broker.engine.loading import StateCache
 from objq_broker.engine.oversize import StateTooLarge, check_size
-from objq_broker.engine.runs import MERGE_AT
+from objq_broker.engine.runs import MERGE_AT, MergeReads
 from objq_broker.errors import ObjqError
 from objq_broker.model.bodies import BODIES_PREFIX, bodies_key, encode_bodies
 from objq_broker.model.checks import STAGING_PREFIX
@@ -26,7 +30,7 @@ from objq_broker.model.encoding import check_encoded, encode_archive
 from objq_broker.model.records import RECENT_COMMITS, ArchiveRecord, Job, StateDoc
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs, run_key
 from objq_broker.model.state import QueueState
-from objq_broker.storage.probe import require_conditions
+from objq_broker.storage.base import ObjectStore
 
 log = logging.getLogger("objq_broker.engine")
 
@@ -35,19 +39,108 @@ log = logging.getLogger("objq_broker.engine")
 RUN_SWEEP_SECONDS = 600.0
 
 
-class StateWriter(EngineBase):
-    """The layer of :class:`~objq_broker.engine.commit.Engine` that writes a try's objects
-    and state."""
+class TryWriter:
+    """Writes one try at a commit: what its state will refer to, then the state itself
+    (through the :class:`~objq_broker.engine.loading.StateCache`, which holds the version it
+    writes over), then tidies up after it. Between :meth:`start_batch` and :meth:`settled`, it
+    keeps the tries whose state write failed.
 
-    def _write(self, state: QueueState, attempt: Attempt) -> None:
-        if self._version is None:  # the namespace's first state: only on a store that CASes
-            require_conditions(self.store, self.key)
+    ``archive``: archive finished jobs (False: drop their records), through a tail kept in the
+    state until it holds ``archive_tail_bytes`` (``engine.archive``). ``spill_at``: move a
+    queue's ready or delayed jobs, dead letters and idempotency keys out of the head into runs
+    of at most ``run_jobs`` past this many (``docs/runs.md``); None: never, so the state
+    stays readable by releases before runs (format 1). ``gc_interval_seconds``: how often to
+    collect unreferenced objects (``docs/deploy.md``); None: never.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        cache: StateCache,
+        bodies: BodyCache,
+        metrics: EngineMetrics,
+        *,
+        archive: bool,
+        archive_tail_bytes: int,
+        inline_state_bytes: int,
+        spill_at: int | None,
+        run_jobs: int,
+        gc_interval_seconds: float | None,
+        gc_older_than_seconds: float,
+    ) -> None:
+        self.store = store
+        self._cache = cache
+        #: Payload bodies kept out of the state, cached by bodies object.
+        self.bodies = bodies
+        self.metrics = metrics
+        self.archive, self.archive_tail_bytes = archive, archive_tail_bytes
+        self.inline_state_bytes = inline_state_bytes
+        self.spill_at = spill_at
+        self.run_jobs = run_jobs
+        self._janitor = Janitor(store)
+        self._merge_reads = MergeReads(store, self._janitor, run_jobs)
+        #: Collects unreferenced objects now and then; None: never.
+        self.sweeper = (
+            None
+            if gc_interval_seconds is None
+            else Sweeper(
+                store,
+                self._janitor,
+                interval=gc_interval_seconds,
+                older_than=gc_older_than_seconds,
+            )
+        )
+        self._tail_bytes = 0  # size of the archive tail the state held as last written
+        self._next_run_sweep = float("-inf")  # monotonic time to look for orphan runs again
+        #: This batch's tries whose state write failed: any one of them may yet have landed.
+        self._failed_tries: list[Attempt] = []
+
+    # --- the tries of one batch ------------------------------------------------------------
+
+    def start_batch(self) -> None:
+        """A new batch: forget the failed tries of the last one (which gave up: those writes
+        may still land, so their objects stay)."""
+        self._failed_tries = []
+
+    @property
+    def in_doubt(self) -> bool:
+        """Whether a try of this batch failed to write its state: it may yet land."""
+        return bool(self._failed_tries)
+
+    def failed(self, attempt: Attempt) -> None:
+        """``attempt``'s state write failed, perhaps only as far as its caller can tell."""
+        self._failed_tries.append(attempt)
+
+    def landed_in(self, state: QueueState) -> Attempt | None:
+        """The failed try of this batch whose commit ``state`` holds, if one landed after all.
+        (While none has, what they wrote ahead is kept: the next try re-applies the same ops
+        and usually writes the very same archive and bodies.)"""
+        recent = set(state.doc.recent_commits)
+        return next((a for a in self._failed_tries if a.commit_id in recent), None)
+
+    def settled(self, landed: Attempt) -> None:
+        """``landed`` is the try whose state is stored: delete what the batch's other tries
+        wrote ahead of theirs (none of them can land on top of it)."""
+        kept = set(landed.written)
+        orphans = {key for a in self._failed_tries for key in a.written} - kept
+        for key in sorted(orphans):
+            self._janitor.delete_now(key, "orphan object")
+        self._failed_tries = []
+
+    # --- one try -----------------------------------------------------------------------------
+
+    def write(self, state: QueueState, attempt: Attempt) -> None:
+        """Store ``attempt``'s objects and ``state``. :class:`StateTooLarge` (nothing of it
+        stored) when its state would be over the limit; a storage error when its write
+        failed (report the try as :meth:`failed` unless the error is final)."""
+        self._cache.check_writable()
         doc = state.doc
-        now = self.clock()
+        now = self._cache.clock()
         doc.version += 1
-        if self.epoch is not None:
-            doc.epoch = max(doc.epoch, self.epoch)
-            if doc.broker is not None and doc.broker.epoch == self.epoch:
+        epoch = self._cache.epoch
+        if epoch is not None:
+            doc.epoch = max(doc.epoch, epoch)
+            if doc.broker is not None and doc.broker.epoch == epoch:
                 doc.broker_writes += 1
         doc.commit_id = attempt.commit_id
         doc.committed_at = now
@@ -57,24 +150,15 @@ class StateWriter(EngineBase):
         if self.archive and (attempt.finished or doc.archive_tail is not None):
             self._write_archive(doc, attempt, now)
         data = state.encode()
-        check_encoded(data, f"state {self.store.url}/{self.key}")
+        check_encoded(data, f"state {self.store.url}/{self._cache.key}")
         try:
-            check_size(len(data), self.max_state_bytes, attempt.results)
+            check_size(len(data), self._cache.max_state_bytes, attempt.results)
         except StateTooLarge:
             # The loop refuses what grew it and tries again: what this try wrote ahead is
             # referred to by nothing stored.
             self._drop_written(attempt)
             raise
-        self._state_bytes = len(data)
-        if self._version is None:
-            version = self.store.write(self.key, data, if_absent=True)
-            self._guard.created()
-        else:
-            version = self.store.write(self.key, data, if_version=self._version)
-        self._guard.wrote(doc)
-        self.metrics.state_writes += 1
-        self._version = version
-        self._synced_at = time.monotonic()
+        self._cache.write(doc, data)
         state.dirty = False
         state.finished.clear()
         try:
@@ -88,7 +172,7 @@ class StateWriter(EngineBase):
         kept = {key for tried in self._failed_tries for key in tried.contents}
         for key in attempt.written:
             if key not in kept:
-                self._delete_quietly(key, "object of a try refused as too large")
+                self._janitor.delete_now(key, "object of a try refused as too large")
 
     def _write_archive(self, doc: StateDoc, attempt: Attempt, now: float) -> None:
         """Put the records of the jobs this commit finishes in the state's archive tail, and
@@ -120,14 +204,12 @@ class StateWriter(EngineBase):
             self.bodies.forget(key)
         self._janitor.delete(_ours(unused, BODIES_PREFIX), "unused bodies object")
         consumed, state.unused_runs = state.unused_runs, []
-        for key in consumed:
-            self._run_cache.pop(key, None)
-            self._key_cache.pop(key, None)
+        self._cache.forget_runs(consumed)
         self._janitor.delete(_ours(consumed, RUNS_PREFIX), "consumed run")
         self._unbind_removed(state)
         self._sweep(state)
         if self.spill_at is not None:
-            self._merge_reads.plan(state, self._run_cache)
+            self._merge_reads.plan(state, self._cache.runs)
 
     def _unbind_removed(self, state: QueueState) -> None:
         """The queues this commit deleted (or found expired) lose their kombu bindings, off
@@ -163,7 +245,7 @@ class StateWriter(EngineBase):
         ``inline_state_bytes`` with them (as of its last size: close enough, and free)."""
         added = sum(len(job.body) for job in state.new_bodies)
         # The archive tail is not the state's to spend: it leaves for an object when it fills.
-        return self._state_bytes - self._tail_bytes + added <= self.inline_state_bytes
+        return self._cache.size - self._tail_bytes + added <= self.inline_state_bytes
 
     def _write_runs(self, state: QueueState, attempt: Attempt) -> None:
         """Merge small runs and spill (when on), and write the runs this commit made: before
@@ -171,7 +253,7 @@ class StateWriter(EngineBase):
         leaves them as orphans, deleted once a later try lands."""
         if self.spill_at is not None:
             key_for = functools.partial(run_key, state.doc.version, attempt.commit_id)
-            self._merge_reads.hand_over(self._run_cache)
+            self._merge_reads.hand_over(self._cache.runs)
             self.metrics.runs_merged += state.merge_runs(key_for, self.run_jobs, MERGE_AT)
             state.spill(self.spill_at, key_for, run_jobs=self.run_jobs)
         for key, data in state.new_runs:
@@ -232,8 +314,15 @@ class StateWriter(EngineBase):
             log.warning("archiving job %s without its body: %s", job.id, exc)
             return job
 
-    def _delete_quietly(self, key: str, what: str) -> None:
-        self._janitor.delete_now(key, what)
+    # --- off the commit path -----------------------------------------------------------------
+
+    def wait_tidied(self, timeout: float | None = None) -> None:
+        """Wait for the deletes the commits so far asked for."""
+        self._janitor.wait(timeout)
+
+    def close(self) -> None:
+        """Finish the deletes asked for, and stop."""
+        self._janitor.close()
 
 
 def _ours(keys: list[str], prefix: str) -> list[str]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kombu.transport import virtual
 from kombu.utils.json import dumps, loads
 
-from objq_broker import ops
+from objq_broker import builders
 from objq_broker.consume import ClaimWindow
 from objq_broker.kombu.declaring import DeclaringChannel
 from objq_broker.kombu.outcomes import JOB_PROPERTY, QUEUE_PROPERTY, TOKEN_PROPERTY
@@ -114,7 +114,7 @@ class Channel(DeclaringChannel):
         names = list(queues)
         futures = [
             self.client.submit(
-                ops.enqueue(
+                builders.enqueue(
                     queue,
                     [payload],
                     priority=priority,

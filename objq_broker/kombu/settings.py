@@ -15,11 +15,11 @@ from typing import Any
 
 import msgspec
 
-from objq_broker.consume import option_count, option_seconds
 from objq_broker.engine.options import ENGINE_OPTIONS, URL_ENV
 from objq_broker.errors import ConfigurationError, redacted
 from objq_broker.kombu.routing import DEFAULT_TABLE_TTL_SECONDS
-from objq_broker.model.checks import MAX_SECONDS, Attempts, ClaimCount, PositiveSeconds, checked
+from objq_broker.model.checks import MAX_SECONDS, Attempts, ClaimCount, PositiveSeconds, Seconds
+from objq_broker.model.settings import option_names, read_settings
 
 #: Seconds a delivered message stays leased without a heartbeat: how long a dead consumer's
 #: messages take to come back. Not a limit on task length (live consumers heartbeat).
@@ -43,19 +43,35 @@ DEFAULT_MAX_DELIVERIES = 20
 #: objq's bound on any span of time, about a century).
 MAX_MILLISECONDS = MAX_SECONDS * 1000.0
 
+
+class TransportOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The ``transport_options`` this transport reads (the engine's are accepted too, and
+    kombu's own :data:`KOMBU_OPTIONS` are left to kombu). Text is read as the environment's:
+    ``"60"`` and ``"1m"`` are both a minute."""
+
+    #: The storage URL, with ``broker_url = "objq://"``. Checked by :func:`_storage_url`.
+    url: Any = None
+    #: Seconds a delivered, unacked message stays leased without a heartbeat.
+    visibility_timeout: PositiveSeconds = DEFAULT_VISIBILITY_TIMEOUT_SECONDS
+    #: How often a connection extends its leases (None: visibility_timeout / 3).
+    heartbeat_interval: PositiveSeconds | None = None
+    #: The longest an idle consumer waits between polls.
+    polling_interval: PositiveSeconds = DEFAULT_POLLING_INTERVAL_SECONDS
+    #: How old the cached state may be when a claim is served from it (the engine's setting,
+    #: with a default of this transport's own).
+    max_staleness_seconds: Seconds = DEFAULT_MAX_STALENESS_SECONDS
+    #: Keyword options for the storage adapter (a dict; checked where it is read).
+    store_options: Any = msgspec.field(default_factory=dict)
+    #: Deliveries before a message is dead-lettered.
+    max_deliveries: Attempts = DEFAULT_MAX_DELIVERIES
+    #: Most messages one claim takes.
+    batch_size: ClaimCount = DEFAULT_BATCH_SIZE
+    #: Seconds a process trusts its cached copy of an exchange's bindings.
+    bindings_ttl: PositiveSeconds = DEFAULT_TABLE_TTL_SECONDS
+
+
 #: Options this transport reads.
-OWN_OPTIONS = frozenset(
-    {
-        "url",
-        "visibility_timeout",
-        "polling_interval",
-        "heartbeat_interval",
-        "store_options",
-        "max_deliveries",
-        "batch_size",
-        "bindings_ttl",
-    }
-)
+OWN_OPTIONS = option_names(TransportOptions)
 #: Options kombu itself reads from ``transport_options`` (connection retries, body encoding).
 KOMBU_OPTIONS = frozenset(
     {
@@ -68,34 +84,26 @@ KOMBU_OPTIONS = frozenset(
         "deadletter_queue",
     }
 )
-#: Engine options accepted as they are (see ``objq_broker.engine.options``).
+#: Engine options accepted as they are (see ``objq_broker.engine.options``); a test's clock
+#: and seed have no place in a configuration file.
 ACCEPTED_OPTIONS = OWN_OPTIONS | KOMBU_OPTIONS | (ENGINE_OPTIONS - {"clock", "seed"})
 #: Broker URLs that name no storage (it then comes from ``transport_options["url"]``).
 _BARE = ("", "objq://", "objq:///", "objq:")
 
 
-class _Numbers(msgspec.Struct):
-    """The numeric settings within what a claim and the state accept."""
-
-    visibility_timeout: PositiveSeconds
-    polling_interval: PositiveSeconds
-    heartbeat_interval: PositiveSeconds
-    max_deliveries: Attempts
-    batch_size: ClaimCount
-    bindings_ttl: PositiveSeconds
-
-
 @dataclass(frozen=True)
 class TransportSettings:
-    """What one kombu connection to objq uses; built from the broker URL and options."""
+    """What one kombu connection to objq uses, resolved from the broker URL and
+    :class:`TransportOptions` (which declares the defaults)."""
 
     url: str
-    visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT_SECONDS
-    polling_interval: float = DEFAULT_POLLING_INTERVAL_SECONDS
-    heartbeat_interval: float = DEFAULT_VISIBILITY_TIMEOUT_SECONDS / 3.0
-    max_deliveries: int = DEFAULT_MAX_DELIVERIES
-    batch_size: int = DEFAULT_BATCH_SIZE
-    bindings_ttl: float = DEFAULT_TABLE_TTL_SECONDS
+    visibility_timeout: float
+    polling_interval: float
+    heartbeat_interval: float
+    max_deliveries: int
+    batch_size: int
+    bindings_ttl: float
+    #: What the connection's ``Queue`` is opened with: storage and engine options.
     queue_options: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:  # the options may hold credentials: show only their names
@@ -116,41 +124,32 @@ class TransportSettings:
                 f"objq transport: unknown broker_transport_options {unknown}; "
                 f"accepted: {sorted(ACCEPTED_OPTIONS)}"
             )
-        url = _storage_url(hostname, options.get("url"))
-        where = "objq transport"
-        visibility = option_seconds(
-            options, "visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT_SECONDS, where=where
-        )
-        heartbeat = option_seconds(options, "heartbeat_interval", visibility / 3.0, where=where)
-        if heartbeat >= visibility:
+        own = {k: v for k, v in options.items() if k in OWN_OPTIONS and v is not None}
+        read = read_settings(TransportOptions, own, where="objq transport", lax=True)
+        url = _storage_url(hostname, read.url)
+        heartbeat = read.heartbeat_interval or read.visibility_timeout / 3.0
+        if heartbeat >= read.visibility_timeout:
             raise ConfigurationError(
                 f"objq transport: heartbeat_interval must be shorter than visibility_timeout "
-                f"({visibility} s), found {heartbeat}"
+                f"({read.visibility_timeout} s), found {heartbeat}"
             )
-        store_options = options.get("store_options") or {}
-        if not isinstance(store_options, Mapping):
+        if not isinstance(read.store_options, Mapping):
             raise ConfigurationError(
                 f"objq transport: store_options must be a dict of storage adapter options, "
-                f"found {store_options!r}"
+                f"found {read.store_options!r}"
             )
-        engine = {"max_staleness_seconds": DEFAULT_MAX_STALENESS_SECONDS}
-        engine.update((k, v) for k, v in options.items() if k in ENGINE_OPTIONS)
-        numbers = {
-            "visibility_timeout": visibility,
-            "polling_interval": option_seconds(
-                options, "polling_interval", DEFAULT_POLLING_INTERVAL_SECONDS, where=where
-            ),
-            "heartbeat_interval": heartbeat,
-            "max_deliveries": option_count(
-                options, "max_deliveries", DEFAULT_MAX_DELIVERIES, where=where
-            ),
-            "batch_size": option_count(options, "batch_size", DEFAULT_BATCH_SIZE, where=where),
-            "bindings_ttl": option_seconds(
-                options, "bindings_ttl", DEFAULT_TABLE_TTL_SECONDS, where=where
-            ),
-        }
-        checks = msgspec.structs.asdict(checked(numbers, _Numbers, where))
-        return cls(url=url, queue_options={**dict(store_options), **engine}, **checks)
+        engine = {k: v for k, v in options.items() if k in ENGINE_OPTIONS}
+        engine["max_staleness_seconds"] = read.max_staleness_seconds
+        return cls(
+            url=url,
+            visibility_timeout=read.visibility_timeout,
+            polling_interval=read.polling_interval,
+            heartbeat_interval=heartbeat,
+            max_deliveries=read.max_deliveries,
+            batch_size=read.batch_size,
+            bindings_ttl=read.bindings_ttl,
+            queue_options={**dict(read.store_options), **engine},
+        )
 
 
 def _storage_url(hostname: str | None, option: object) -> str:

@@ -58,6 +58,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
     ) from exc
 
 from objq_broker.broker.settings import BrokerSettings, broker_settings
+from objq_broker.builders import default_owner
 from objq_broker.consume import LeaseKeeper
 from objq_broker.errors import ConfigurationError, QueueClosed, QueueError, StorageUnavailable
 from objq_broker.kombu import outcomes
@@ -65,7 +66,6 @@ from objq_broker.kombu.channel import Channel as ObjqChannel
 from objq_broker.kombu.events import LoopBinding
 from objq_broker.kombu.routing import ExchangeTable
 from objq_broker.kombu.settings import TransportSettings
-from objq_broker.ops import default_owner
 from objq_broker.queue import Delivery, Queue
 
 #: The process that imported this module: a Celery worker's main process, or a publisher.

@@ -8,14 +8,19 @@ Every transition checks everything it needs *before* it changes anything, so one
 operation (:class:`~objq_broker.errors.LeaseLost`, ...) leaves the state as it was and never
 spoils the batch it came in.
 
-:class:`QueueState` is built in layers, a module each, each using only the ones before it:
+:class:`QueueState` holds the stored document and two parts that index it:
 
-* :mod:`~objq_broker.model.indexed`: the job table, the heaps claims use, and encoding;
-* :mod:`~objq_broker.model.backlog`: the backlog kept out of the head in runs;
+* :class:`~objq_broker.model.indexed.QueueIndex`: the live jobs and the heaps claims use;
+* :class:`~objq_broker.model.backlog.Backlog`: the backlog kept out of the head in runs.
+
+Its transitions are functions over it, a module per concern, bound as its methods:
+
 * :mod:`~objq_broker.model.lifecycle`: declaring, configuring, expiring and deleting queues;
 * :mod:`~objq_broker.model.producing`: enqueueing, staged writes and idempotency keys;
-* :mod:`~objq_broker.model.leases`: claims, heartbeats, acks, nacks, dead-lettering, expiry;
-* this module: dead letters, reading, and the broker's session marks.
+* :mod:`~objq_broker.model.leases`: claims, heartbeats, acks, nacks, dead letters, expiry;
+* :mod:`~objq_broker.model.spilling`: moving the head's excess into runs, merging runs;
+* :mod:`~objq_broker.model.reading`: counts, look-ups and what a replayed op returned;
+* this module: bodies, encoding, retention, and the broker's session marks.
 
 The values they take and give (:class:`~objq_broker.model.values.NewJob`, ...) are in
 :mod:`~objq_broker.model.values`.
@@ -25,127 +30,323 @@ from __future__ import annotations
 
 import hashlib
 
-from objq_broker.errors import JobNotFound
-from objq_broker.model.leases import LeasesState
-from objq_broker.model.records import Job, JobState, QueueConfig, SessionMark
-from objq_broker.model.runs import order_key
-from objq_broker.model.values import NewJob, QueueStats, finished_job, snapshot, with_id
-from objq_broker.model.workers import Worker, workers
+import msgspec
+
+from objq_broker.errors import QueueNotFound
+from objq_broker.model import leases, lifecycle, producing, reading, spilling
+from objq_broker.model.backlog import Backlog
+from objq_broker.model.bodies import split_ref
+from objq_broker.model.encoding import encode_state
+from objq_broker.model.indexed import QueueIndex
+from objq_broker.model.records import (
+    FORMAT_VERSION,
+    Job,
+    JobState,
+    KeyRecord,
+    KeyRunRef,
+    QueueConfig,
+    RunRef,
+    SessionMark,
+    StateDoc,
+)
+from objq_broker.model.values import Finished, snapshot
+
+_job_encoder = msgspec.json.Encoder()
 
 
-class QueueState(LeasesState):
+class QueueState:
     """One namespace's jobs, dead letters, queue settings and idempotency keys, indexed.
 
+    >>> from objq_broker.model.values import NewJob
     >>> state = QueueState()
     >>> _ = state.enqueue([NewJob(id="j1", queue="emails", body="hi")], now=0.0)
     >>> [job.id for job in state.claim("emails", ["token-1"], "worker-1", now=1.0)]
     ['j1']
     """
 
-    def dead_letters(self, queue: str) -> list[Job]:
-        """Dead letters of ``queue`` by death time, those in dead runs (read first) included."""
-        self.config(queue)
-        found = [snapshot(job) for job in self.dead.values() if job.queue == queue]
-        found += [snapshot(job) for job in self.dead_run_jobs(queue)]
-        return sorted(found, key=lambda job: order_key("dead", job))
+    def __init__(self, doc: StateDoc | None = None) -> None:
+        self.doc = doc if doc is not None else StateDoc(format=FORMAT_VERSION)
+        #: The dead letters in the head, by id.
+        self.dead: dict[str, Job] = {job.id: job for job in self.doc.dead}
+        #: The live jobs in the head, indexed for claims.
+        self.index = QueueIndex(self.doc.jobs, self.doc.queues)
+        #: The runs out of the head.
+        self.backlog = Backlog(self.doc)
+        #: Jobs that left the hot state since the last commit, oldest first.
+        self.finished: list[Finished] = []
+        #: True once a transition changed something that must be written.
+        self.dirty = False
+        #: Jobs enqueued since the last commit whose bodies are to leave the state.
+        self.new_bodies: list[Job] = []
+        #: Bodies objects no job refers to any more: delete them once the commit landed.
+        self.unused_bodies: list[str] = []
+        #: Queues deleted (or expired) since the last commit: their kombu bindings are
+        #: removed once the commit landed.
+        self.removed_queues: list[str] = []
+        #: Whether noting a queue's use is worth a write of its own. The elected broker, the
+        #: only writer, keeps its marks in memory until its next commit (:meth:`hold_marks`).
+        self.write_touches = True
+        #: No dead letter or idempotency key expires before this time (-inf: not yet known).
+        self._sweep_at = float("-inf")
 
-    def _dead_ids(self, queue: str, ids: list[str] | None) -> list[str]:
-        """The dead letters of ``queue`` that ``ids`` name (all when None), brought into the
-        head if they are in dead runs; nothing changes when one of them is not found."""
-        self.config(queue)
-        in_runs = {job.id for job in self.dead_run_jobs(queue)}
-        if ids is None:
-            self._unspill_dead(queue)
-            return [i for i, job in self.dead.items() if job.queue == queue]
-        missing = [
-            i
-            for i in ids
-            if i not in in_runs and (i not in self.dead or self.dead[i].queue != queue)
+    # The transitions, a module per concern (each function takes the state first).
+    declare = lifecycle.declare
+    touch = lifecycle.touch
+    hold_marks = lifecycle.hold_marks
+    touch_due = lifecycle.touch_due
+    expiring = lifecycle.expiring
+    configure = lifecycle.configure
+    purge = lifecycle.purge
+    delete_queue = lifecycle.delete_queue
+    enqueue = producing.enqueue
+    enqueue_staged = producing.enqueue_staged
+    enqueue_runs = producing.enqueue_runs
+    key_record = producing.key_record
+    claim = leases.claim
+    heartbeat = leases.heartbeat
+    ack = leases.ack
+    note_outcome = leases.note_outcome
+    nack = leases.nack
+    release = leases.release
+    expire = leases.expire
+    retry_dead = leases.retry_dead
+    purge_dead = leases.purge_dead
+    dead_letters = leases.dead_letters
+    spill = spilling.spill
+    merge_runs = spilling.merge_runs
+    stats = reading.stats
+    workers = reading.workers
+    find = reading.find
+    enqueued = reading.enqueued
+    leased_to = reading.leased_to
+    holds = reading.holds
+    next_visible = reading.next_visible
+    next_wakeup = reading.next_wakeup
+
+    @property
+    def jobs(self) -> dict[str, Job]:
+        """The live jobs in the head, by id."""
+        return self.index.jobs
+
+    @property
+    def readied(self) -> int:
+        """Jobs made claimable since this state was built (enqueued, released, expired,
+        due): a broker wakes waiting claimers only when it moves, not after every ack."""
+        return self.index.readied
+
+    @property
+    def readied_in(self) -> dict[str, int]:
+        """The same, per queue: a broker wakes as many claimers parked on a queue as it got."""
+        return self.index.readied_in
+
+    @property
+    def run_contents(self) -> dict[str, list[Job]]:
+        """The jobs of the runs read so far: the engine's cache (runs never change)."""
+        return self.backlog.run_contents
+
+    @run_contents.setter
+    def run_contents(self, cache: dict[str, list[Job]]) -> None:
+        self.backlog.run_contents = cache
+
+    @property
+    def key_contents(self) -> dict[str, dict[str, KeyRecord]]:
+        """The keys of the key runs read so far: the engine's cache."""
+        return self.backlog.key_contents
+
+    @key_contents.setter
+    def key_contents(self, cache: dict[str, dict[str, KeyRecord]]) -> None:
+        self.backlog.key_contents = cache
+
+    @property
+    def new_runs(self) -> list[tuple[str, bytes]]:
+        """Runs made for this commit, to be written before the head."""
+        return self.backlog.new_runs
+
+    @property
+    def unused_runs(self) -> list[str]:
+        """Runs whose jobs are all gone: delete them once the commit landed."""
+        return self.backlog.unused_runs
+
+    @unused_runs.setter
+    def unused_runs(self, keys: list[str]) -> None:
+        self.backlog.unused_runs = keys
+
+    @property
+    def unreadable_runs(self) -> dict[str, str]:
+        """Runs a staged write names that cannot be read, with why (the write is refused)."""
+        return self.backlog.unreadable_runs
+
+    @unreadable_runs.setter
+    def unreadable_runs(self, reasons: dict[str, str]) -> None:
+        self.backlog.unreadable_runs = reasons
+
+    def config(self, queue: str) -> QueueConfig:
+        found = self.doc.queues.get(queue)
+        if found is None:
+            raise QueueNotFound(self.not_declared(queue))
+        return found
+
+    def not_declared(self, queue: str) -> str:
+        """Why ``queue`` cannot be used: it is not declared (and how to declare it)."""
+        return (
+            f"queue {queue!r} is not declared; declared: {self.queue_names()}; "
+            f"declare it first (objq declare {queue}, or Queue.declare({queue!r}))"
+        )
+
+    def queue_names(self) -> list[str]:
+        return sorted(self.doc.queues)
+
+    # --- the backlog, as the engine reads it -------------------------------------------
+
+    def runs_of(self, queue: str | None = None) -> list[tuple[str, RunRef]]:
+        return self.backlog.runs_of(queue)
+
+    def dead_runs_of(self, queue: str | None = None) -> list[tuple[str, RunRef]]:
+        return self.backlog.dead_runs_of(queue)
+
+    def key_runs_of(self, queue: str) -> list[tuple[str, KeyRunRef]]:
+        return self.backlog.key_runs_of(queue)
+
+    def run_jobs(self, queue: str | None = None, *, read_only: bool = False) -> list[Job]:
+        return self.backlog.run_jobs(queue, read_only=read_only)
+
+    def dead_run_jobs(self, queue: str | None, *, read_only: bool = False) -> list[Job]:
+        return self.backlog.dead_run_jobs(queue, read_only=read_only)
+
+    def runs_to_claim(self, queue: str, n: int) -> list[tuple[str, RunRef]]:
+        return self.backlog.runs_to_claim(queue, n)
+
+    def runs_to_merge(self, run_jobs: int, at_least: int) -> list[tuple[str, RunRef]]:
+        return self.backlog.runs_to_merge(run_jobs, at_least)
+
+    def due_runs(self, now: float) -> list[tuple[str, RunRef]]:
+        return self.backlog.due_runs(now)
+
+    def expired_dead_runs(self, now: float) -> list[tuple[str, RunRef]]:
+        """The dead runs (queue, ref) whose first dead letter is past its queue's retention."""
+        return [
+            (queue, ref)
+            for queue, ref in self.backlog.dead_runs_of()
+            if ref.next[0] + self.config(queue).dead_ttl_seconds <= now
         ]
-        if missing:
-            raise JobNotFound(f"queue {queue!r}: no dead letters with ids {missing}")
-        if in_runs.intersection(ids):
-            self._unspill_dead(queue)
-        return list(dict.fromkeys(ids))
 
-    def retry_dead(self, queue: str, ids: list[str] | None, now: float) -> list[str]:
-        """Put dead letters back at the end of their queue with a fresh attempt count."""
-        chosen = self._dead_ids(queue, ids)
-        for job_id in chosen:
-            job = self.dead.pop(job_id)
-            self.doc.seq += 1
-            job.seq = self.doc.seq
-            job.attempts = 0
-            job.visible_at = now
-            job.finished_at = None
-            self.jobs[job.id] = job
-            self._members.setdefault(queue, set()).add(job.id)
-            self._push_ready(job)
-        if chosen:
+    def lose_run(self, key: str, reason: str, now: float) -> None:
+        """Drop the run ``key`` that storage no longer holds, or that does not decode: the
+        jobs it held cannot even be named, so an archived record (id: the run's key) names
+        its queue and how many jobs it held, with ``reason``, and the queue flows on without
+        them. A lost key run forgets its idempotency keys (a duplicate is then taken as new)."""
+        lost = self.backlog.drop_run(key)
+        if lost is not None:
+            queue, what, ref = lost
+            error = f"{what} {key} of {ref.remaining} jobs lost: {reason}"
+            record = Job(key, queue, "", 0, now, now, 1, finished_at=now, error=error)
+            self.finished.append(Finished("dead", record))
             self.dirty = True
-        return chosen
-
-    def purge_dead(self, queue: str, ids: list[str] | None) -> int:
-        chosen = self._dead_ids(queue, ids)
-        for job_id in chosen:
-            self._drop_body(self.dead.pop(job_id))
-        if chosen:
+        elif self.backlog.drop_key_run(key):
             self.dirty = True
-        return len(chosen)
 
-    def stats(self, queue: str, now: float) -> QueueStats:
-        self.config(queue)
-        ready = delayed = in_flight = 0
-        oldest: float | None = None
-        for job_id in self._members.get(queue, ()):
-            job = self.jobs[job_id]
-            state = job.state_at(now)
-            if state == "in-flight":
-                in_flight += 1
-            elif state == "delayed":
-                delayed += 1
+    # --- retention ---------------------------------------------------------------------
+
+    def note_expiry(self, at: float) -> None:
+        """A dead letter or an idempotency key expires ``at``: sweep by then."""
+        self._sweep_at = min(self._sweep_at, at)
+
+    def retention_changed(self) -> None:
+        """A queue's retention changed, which moves expiry times: the next expire scans."""
+        self._sweep_at = float("-inf")
+
+    def sweep(self, now: float) -> None:
+        """Drop dead letters and idempotency keys past retention; note when the next is due.
+        Every commit calls this: it scans only when something is due."""
+        if now < self._sweep_at:
+            return
+        upcoming = float("inf")
+        for job_id, job in list(self.dead.items()):
+            due = self.dead_expiry(job)
+            if due <= now:
+                self.drop_body(self.dead.pop(job_id))
+                self.dirty = True
             else:
-                ready += 1
-                oldest = job.enqueued_at if oldest is None else min(oldest, job.enqueued_at)
-        runs = self._runs.get(queue)
-        if runs is not None and len(runs):
-            ready += len(runs)
-            first = runs.oldest()
-            if first is not None:
-                oldest = first if oldest is None else min(oldest, first)
-        for ref in self.doc.runs.get(queue, []):
-            if ref.kind != "timed" or not ref.remaining:
-                continue
-            due = self._due_in(ref, now)
-            ready += len(due)
-            delayed += ref.remaining - len(due)
-            if due:
-                first = min(job.enqueued_at for job in due)
-                oldest = first if oldest is None else min(oldest, first)
-        dead = sum(1 for job in self.dead.values() if job.queue == queue)
-        dead += sum(ref.remaining for _, ref in self.dead_runs_of(queue))
-        age = None if oldest is None else max(now - oldest, 0.0)
-        return QueueStats(queue, ready, delayed, in_flight, dead, age)
+                upcoming = min(upcoming, due)
+        for slot, record in list(self.doc.keys.items()):
+            if record.expires_at <= now:
+                del self.doc.keys[slot]
+                self.dirty = True
+            else:
+                upcoming = min(upcoming, record.expires_at)
+        dropped, next_run = self.backlog.expire_key_runs(now)
+        self.dirty = self.dirty or dropped
+        self._sweep_at = min(upcoming, next_run)
 
-    def workers(self, now: float) -> list[Worker]:
-        """The lease holders at work and those gone lately (:mod:`objq_broker.model.workers`)."""
-        return workers(self.jobs.values(), self.doc.gone, now)
+    def dead_expiry(self, job: Job) -> float:
+        """When the dead letter ``job`` is past its queue's retention."""
+        ttl = self.doc.queues.get(job.queue, QueueConfig()).dead_ttl_seconds
+        return (job.finished_at or 0.0) + ttl
 
-    def find(self, job_id: str, now: float) -> tuple[JobState, Job] | None:
-        """A job's state ('ready', 'delayed', 'in-flight' or 'dead') and a copy of it."""
-        job = self.jobs.get(job_id) or self._in_runs(job_id)
-        if job is not None:
-            return job.state_at(now), snapshot(job)
-        dead = self.dead.get(job_id) or self._in_dead_runs(job_id)
-        return None if dead is None else ("dead", snapshot(dead))
+    # --- bodies and encoding -----------------------------------------------------------
 
-    def _in_runs(self, job_id: str, queue: str | None = None) -> Job | None:
-        """The job ``job_id`` if it waits in a run (of ``queue``; any when None) that was read.
-        Lookups that must be exact (``FindJob``, an idempotency key) have their runs read
-        first (:func:`~objq_broker.model.ops.runs_needed`)."""
-        if not self.doc.runs:
-            return None
-        return with_id(self.run_jobs(queue, read_only=True), job_id)
+    def drop_body(self, job: Job) -> None:
+        """``job`` left the state for good: its bodies object loses one reference."""
+        if job.ref is None:
+            return
+        key, _ = split_ref(job.ref)
+        left = self.doc.bodies.get(key, 0) - 1
+        if left > 0:
+            self.doc.bodies[key] = left
+        else:
+            self.doc.bodies.pop(key, None)
+            self.unused_bodies.append(key)
+
+    def new_bodies_content(self) -> list[tuple[str, str]]:
+        """``(job id, body)`` of what :meth:`externalize` would move now (to recognise a
+        bodies object an earlier try of the same commit already wrote)."""
+        return [
+            (job.id, job.body)
+            for job in self.new_bodies
+            if job.ref is None and (job.id in self.jobs or job.id in self.dead)
+        ]
+
+    def keep_bodies_inline(self) -> None:
+        """Leave the large bodies enqueued since the last commit inside the state (it is
+        small enough): nothing to move out."""
+        self.new_bodies.clear()
+
+    def externalize(self, key: str) -> list[tuple[str, bool]]:
+        """Move the large bodies enqueued since the last commit into bodies object ``key``;
+        returns its entries (to be written before the state that refers to them)."""
+        entries: list[tuple[str, bool]] = []
+        for job in self.new_bodies:
+            if job.ref is not None or (job.id not in self.jobs and job.id not in self.dead):
+                continue  # finished within this very batch: its record keeps the body
+            job.ref = f"{key}#{len(entries)}"
+            entries.append((job.body, job.b64))
+            job.body = ""
+            self.index.changed(job)
+        self.new_bodies.clear()
+        if entries:
+            self.doc.bodies[key] = len(entries)
+        return entries
+
+    def to_doc(self) -> StateDoc:
+        self.doc.format = self.doc.needed_format()
+        self.doc.jobs = list(self.jobs.values())
+        self.doc.dead = list(self.dead.values())
+        return self.doc
+
+    def encode(self) -> bytes:
+        """The stored form of :meth:`to_doc`, re-encoding only the jobs that changed: a commit
+        of a few ops on a deep queue costs a copy of the state, not a full encode."""
+        doc = self.doc
+        jobs = self.index.encoded_jobs()
+        doc.format = doc.needed_format()
+        # msgspec encodes what a field holds: Raw fragments splice in as they are, so a deep
+        # queue costs a copy, not a Python loop.
+        doc.jobs = jobs  # type: ignore[assignment]
+        doc.dead = [msgspec.Raw(_job_encoder.encode(job)) for job in self.dead.values()]  # type: ignore[misc]
+        try:
+            return encode_state(doc)
+        finally:
+            doc.jobs, doc.dead = [], []  # to_doc() builds them when asked
 
     def list_jobs(
         self, queue: str, now: float, state: JobState | None = None, limit: int | None = None
@@ -154,7 +355,7 @@ class QueueState(LeasesState):
         self.config(queue)
         rows: list[tuple[JobState, Job]] = []
         if state != "dead":
-            members = [self.jobs[i] for i in self._members.get(queue, ())]
+            members = self.index.jobs_of(queue)
             live = sorted(
                 members + (self.run_jobs(queue) if queue in self.doc.runs else []),
                 key=lambda job: (job.visible_at > now, job.priority, job.seq),
@@ -165,6 +366,8 @@ class QueueState(LeasesState):
         if state in (None, "dead"):
             rows += [("dead", job) for job in self.dead_letters(queue)]
         return rows if limit is None else rows[:limit]
+
+    # --- broker sessions ---------------------------------------------------------------
 
     def session_applied(self, client: str, seq: int) -> bool:
         """Whether request ``seq`` of broker client ``client`` has already changed the state."""
@@ -179,45 +382,6 @@ class QueueState(LeasesState):
             del sessions[old]
         sessions[session_key(client)] = SessionMark(seq, now)
         self.dirty = True
-
-    def enqueued(self, items: list[NewJob], now: float) -> list[Job]:
-        """What an enqueue of ``items`` that was already applied returned: each job as it is
-        now, or as it was asked for when it has already finished."""
-        found: list[Job] = []
-        for item in items:
-            job = self.jobs.get(item.id) or self.dead.get(item.id) or self._in_runs(item.id)
-            keyed = self._existing_for_key(item, now)
-            if job is not None:
-                found.append(snapshot(job))
-            elif keyed is not None:
-                found.append(keyed)
-            else:
-                config = self.doc.queues.get(item.queue) or QueueConfig()
-                found.append(finished_job(item, now, config))
-        return found
-
-    def leased_to(self, tokens: list[str]) -> list[Job]:
-        """The jobs leased under ``tokens`` (what a claim made with them took)."""
-        wanted = set(tokens)
-        return [
-            snapshot(job)
-            for job in self.jobs.values()
-            if job.lease is not None and job.lease.token in wanted
-        ]
-
-    def holds(self, held: list[tuple[str, str]]) -> list[bool]:
-        """Which of ``(job id, token)`` still hold their jobs."""
-        alive: list[bool] = []
-        for job_id, token in held:
-            job = self.jobs.get(job_id)
-            alive.append(job is not None and job.lease is not None and job.lease.token == token)
-        return alive
-
-    def next_wakeup(self) -> float | None:
-        """The earliest ``visible_at`` among timed jobs (a lease to expire, a delay to end)."""
-        times = [heap[0][0] for heap in self._timed.values() if heap]
-        times += [r.next[0] for refs in self.doc.runs.values() for r in refs if r.kind == "timed"]
-        return min(times) if times else None
 
 
 def session_key(client: str) -> str:

@@ -7,42 +7,43 @@ from pathlib import Path
 from typing import Any
 
 
-def draw_charts(out: Path, hourly: Any, tasks: Any) -> list[str]:
-    """Draw throughput, latency and failure charts into ``out``; returns their file names."""
+def draw_charts(out: Path, buckets: Any, tasks: Any, size: str) -> list[str]:
+    """Draw throughput, latency and failure charts into ``out`` from the per-bucket table
+    (buckets of ``size``, as the titles say); returns their file names."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display in a pipeline
     import matplotlib.pyplot as plt
 
     names: list[str] = []
-    labels = hourly["queue"] + " " + hourly["task"] if len(hourly) else hourly["task"]
+    labels = buckets["queue"] + " " + buckets["task"] if len(buckets) else buckets["task"]
 
     figure, axis = plt.subplots(figsize=(9, 4))
     for label in sorted(set(labels)):
-        rows = hourly[labels == label]
-        axis.plot(rows["hour"], rows["jobs_per_second"], marker="o", label=label)
-    axis.set_title("Throughput per hour")
+        rows = buckets[labels == label]
+        axis.plot(rows["bucket"], rows["jobs_per_second"], marker="o", label=label)
+    axis.set_title(f"Throughput per {size} bucket")
     axis.set_ylabel("jobs finished per second")
-    _hour_axis(axis, hourly)
-    _finish(figure, axis, out / "throughput.png", bool(len(hourly)))
+    _time_axis(axis, buckets)
+    _finish(figure, axis, out / "throughput.png", bool(len(buckets)))
     names.append("throughput.png")
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
     for axis, metric, title in ((axes[0], "wait", "Queue wait"), (axes[1], "run", "Run time")):
         for label in sorted(set(labels)):
-            rows = hourly[labels == label]
+            rows = buckets[labels == label]
             for level, style in (("p50", "-"), ("p99", "--")):
                 axis.plot(
-                    rows["hour"],
+                    rows["bucket"],
                     rows[f"{metric}_{level}_s"],
                     style,
                     marker="o",
                     label=f"{label} {level}",
                 )
-        axis.set_title(f"{title} (p50 solid, p99 dashed)")
+        axis.set_title(f"{title} per {size} bucket (p50 solid, p99 dashed)")
         axis.set_ylabel("seconds")
-        _hour_axis(axis, hourly)
-        _finish(None, axis, None, bool(len(hourly)))
+        _time_axis(axis, buckets)
+        _finish(None, axis, None, bool(len(buckets)))
     figure.autofmt_xdate()
     figure.tight_layout()
     figure.savefig(out / "latency.png", dpi=100)
@@ -61,16 +62,19 @@ def draw_charts(out: Path, hourly: Any, tasks: Any) -> list[str]:
     return names
 
 
-def _hour_axis(axis: Any, hourly: Any) -> None:
-    """UTC hours on the x axis, an hour of margin either side (one hour alone would otherwise
-    be drawn on an axis of years)."""
+def _time_axis(axis: Any, buckets: Any) -> None:
+    """UTC times on the x axis (to the second when buckets are shorter than a minute), a
+    bucket of margin either side (one bucket alone would otherwise be drawn on an axis of
+    years)."""
     import matplotlib.dates as mdates
 
-    axis.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d %H:%M"))  # type: ignore[no-untyped-call]
-    if len(hourly):
-        # A plain timedelta: pandas 2.3's Timedelta(hours=...) warns under numpy 2.5.
-        margin = timedelta(hours=1)
-        axis.set_xlim(hourly["hour"].min() - margin, hourly["hour"].max() + margin)
+    seconds = int(buckets["bucket_seconds"].iloc[0]) if len(buckets) else 3600
+    shown = "%Y-%m-%d %H:%M:%S" if seconds < 60 else "%Y-%m-%d %H:%M"
+    axis.xaxis.set_major_formatter(mdates.DateFormatter(shown))  # type: ignore[no-untyped-call]
+    if len(buckets):
+        # A plain timedelta: pandas 2.3's Timedelta(seconds=...) warns under numpy 2.5.
+        margin = timedelta(seconds=seconds)
+        axis.set_xlim(buckets["bucket"].min() - margin, buckets["bucket"].max() + margin)
 
 
 def _finish(figure: Any, axis: Any, path: Path | None, has_data: bool) -> None:

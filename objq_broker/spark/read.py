@@ -255,7 +255,7 @@ class ObjqReader(DataSourceReader):
         assert isinstance(partition, ObjqPartition)
         store = open_store(self.url)
         try:
-            rows = _RowBuilder(self.queues, self.bounds)
+            rows = RowBuilder(self.queues, self.bounds)
             found = (
                 _archive_rows(store, partition)
                 if self.table == "archive"
@@ -288,7 +288,7 @@ def _state_rows(store: ObjectStore, partition: ObjqPartition) -> Iterator[tuple[
         yield from run_rows(store, queue, ref, partition.read_at)
 
 
-class _RowBuilder:
+class RowBuilder:
     """Columns of the rows read so far, filtered by the pushed filters."""
 
     def __init__(self, queues: set[str] | None, bounds: TimeBounds) -> None:

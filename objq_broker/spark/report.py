@@ -5,10 +5,13 @@
 reads the archive of finished and dead-lettered jobs in ``[since, until)`` (only the hours in
 range are listed and read) and writes to ``--out``:
 
-* ``hourly.parquet`` / ``hourly.csv``: per UTC hour, queue and task: jobs finished, done,
-  retried, failed, dead, failure rate, throughput (jobs per second over the hour), and the
+* ``buckets.parquet`` / ``buckets.csv``: per time bucket, queue and task: jobs finished, done,
+  retried, failed, dead, failure rate, throughput (jobs per second over the bucket), and the
   50th/90th/99th percentiles of queue wait (started - enqueued) and run time
-  (finished - started), in seconds.
+  (finished - started), in seconds. The bucket size follows the range (:func:`bucket_seconds`:
+  a second for a run of seconds, up to a week for years), so the charts have tens to a few
+  hundred points; the ``bucket_seconds`` column and the page say which it is. A bucket cut by
+  the range's ends counts its throughput over the part inside the range.
 * ``tasks.parquet`` / ``tasks.csv``: the same per queue and task over the whole range.
 * ``throughput.png``, ``latency.png``, ``failures.png`` and ``index.html`` showing them.
 
@@ -41,6 +44,25 @@ from objq_broker.model.durations import parse_time
 PERCENTILES = (0.5, 0.9, 0.99)
 #: Where the report goes when ``--out`` is not given.
 DEFAULT_OUT = "objq-report"
+#: The bucket sizes the report chooses from, in seconds: whole seconds, minutes, hours, days.
+BUCKET_SIZES_SECONDS = (
+    1, 2, 5, 10, 15, 30,
+    60, 120, 300, 600, 900, 1800,
+    3600, 7200, 10800, 21600, 43200,
+    86400, 7 * 86400,
+)  # fmt: skip
+#: At most this many buckets over the range (the charts' points per line).
+MAX_BUCKETS = 200
+
+
+def bucket_seconds(since: float, until: float) -> int:
+    """The smallest bucket size that cuts ``[since, until)`` into at most :data:`MAX_BUCKETS`
+    buckets (the largest size for a longer range)."""
+    span = max(until - since, 0.0)
+    for size in BUCKET_SIZES_SECONDS:
+        if span / size <= MAX_BUCKETS:
+            return size
+    return BUCKET_SIZES_SECONDS[-1]
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -75,11 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     from objq_broker.spark import local_session
 
     spark = local_session(args.master, app_name="objq-report")
-    hourly, tasks = summarise(spark, args.url, since, until, args.queue)
+    buckets, tasks = summarise(spark, args.url, since, until, args.queue)
     out = Path(args.out)
-    write_report(out, hourly, tasks, url=args.url, since=since, until=until)
+    write_report(out, buckets, tasks, url=args.url, since=since, until=until)
     total, counts = _totals(tasks)
-    print(f"{total} jobs finished ({counts}) in {_span(since, until)}")
+    size = _size(bucket_seconds(since, until))
+    print(f"{total} jobs finished ({counts}) in {_span(since, until)}, in buckets of {size}")
     for row in tasks.itertuples():
         print(f"  {row.queue} {row.task}: {row.jobs} finished, {_counts(row._asdict())}")
     print(f"report written to {out.resolve()}/index.html")
@@ -89,9 +112,11 @@ def main(argv: list[str] | None = None) -> int:
 def summarise(
     spark: Any, url: str, since: float, until: float, queues: list[str] | None = None
 ) -> tuple[Any, Any]:
-    """(hourly, per-task) pandas tables of the jobs finished in ``[since, until)``."""
+    """(per-bucket, per-task) pandas tables of the jobs finished in ``[since, until)``, in
+    buckets of :func:`bucket_seconds`."""
     from pyspark.sql import functions as F
 
+    size = bucket_seconds(since, until)
     start = datetime.fromtimestamp(since, UTC)
     end = datetime.fromtimestamp(until, UTC)
     archive = spark.read.format("objq").option("url", url).option("table", "archive").load()
@@ -112,7 +137,9 @@ def summarise(
         .select(
             "queue",
             F.coalesce("task", F.lit("(payload)")).alias("task"),
-            F.date_trunc("hour", "finished_at").alias("hour"),
+            F.timestamp_seconds(F.floor(F.col("finished_at").cast("double") / size) * size).alias(
+                "bucket"
+            ),
             *[(outcome == rank).cast("int").alias(name) for name, rank in _RANKS.items() if rank],
             (F.col("started_at").cast("double") - F.col("enqueued_at").cast("double")).alias(
                 "wait"
@@ -122,11 +149,15 @@ def summarise(
         .cache()
     )
     try:
-        hourly = _aggregate(jobs, ["hour", "queue", "task"], per_second=3600.0)
-        tasks = _aggregate(jobs, ["queue", "task"], per_second=max(until - since, 1.0))
+        # A bucket cut by an end of the range: its rate over the part inside the range.
+        bucket_start = F.col("bucket").cast("double")
+        inside = F.least(bucket_start + size, F.lit(until)) - F.greatest(bucket_start, F.lit(since))
+        buckets = _aggregate(jobs, ["bucket", "queue", "task"], per_second=inside)
+        buckets.insert(1, "bucket_seconds", size)
+        tasks = _aggregate(jobs, ["queue", "task"], per_second=F.lit(max(until - since, 1e-6)))
     finally:
         jobs.unpersist()
-    return hourly, tasks
+    return buckets, tasks
 
 
 #: Outcomes from best to worst: a job counts with the worst one its records say.
@@ -146,7 +177,9 @@ def _rank(column: str) -> Any:
     return ranked
 
 
-def _aggregate(jobs: Any, keys: list[str], per_second: float) -> Any:
+def _aggregate(jobs: Any, keys: list[str], per_second: Any) -> Any:
+    """Counts and percentiles per ``keys``; throughput is jobs over ``per_second`` (a column
+    of seconds)."""
     from pyspark.sql import functions as F
 
     levels = list(PERCENTILES)
@@ -162,7 +195,7 @@ def _aggregate(jobs: Any, keys: list[str], per_second: float) -> Any:
     ended = F.col("jobs") - F.col("retried")
     failures = (F.col("failed") + F.col("dead")) / F.when(ended > 0, ended)
     columns.append(F.coalesce(failures, F.lit(0.0)).alias("failure_rate"))
-    columns.append((F.col("jobs") / F.lit(per_second)).alias("jobs_per_second"))
+    columns.append((F.col("jobs") / per_second).alias("jobs_per_second"))
     for metric in ("wait", "run"):
         for index, level in enumerate(levels):
             name = f"{metric}_p{round(level * 100)}_s"
@@ -174,21 +207,22 @@ def _aggregate(jobs: Any, keys: list[str], per_second: float) -> Any:
 
 
 def write_report(
-    out: Path, hourly: Any, tasks: Any, *, url: str, since: float, until: float
+    out: Path, buckets: Any, tasks: Any, *, url: str, since: float, until: float
 ) -> None:
     """Tables as Parquet and CSV, three charts and an HTML page into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    for name, table in (("hourly", hourly), ("tasks", tasks)):
+    for name, table in (("buckets", buckets), ("tasks", tasks)):
         table.to_parquet(out / f"{name}.parquet", index=False)
         table.to_csv(out / f"{name}.csv", index=False)
     from objq_broker.spark.charts import draw_charts
 
-    charts = draw_charts(out, hourly, tasks)
+    size = _size(bucket_seconds(since, until))
+    charts = draw_charts(out, buckets, tasks, size)
     title = f"objq report: {html.escape(_span(since, until))}"
     figures = "\n".join(f'<p><img src="{name}" alt="{name}"></p>' for name in charts)
     links = " · ".join(
         f'<a href="{n}">{n}</a>'
-        for n in ("hourly.csv", "hourly.parquet", "tasks.csv", "tasks.parquet")
+        for n in ("buckets.csv", "buckets.parquet", "tasks.csv", "tasks.parquet")
     )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{title}</title>
@@ -197,12 +231,13 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head>
 <body><h1>{title}</h1>
 <p>Store: <code>{html.escape(redacted(url))}</code>. Jobs: {_totals(tasks)[0]}
 ({html.escape(_totals(tasks)[1])}). Failure rate: (failed + dead) / (jobs - retried). Times in
-seconds; wait = started - enqueued, run = finished - started.</p>
+seconds; wait = started - enqueued, run = finished - started. Buckets of {size}; throughput
+is jobs finished per second over each bucket.</p>
 <h2>Per task</h2>
 {tasks.to_html(index=False, float_format=lambda v: f"{v:.4g}")}
 {figures}
-<h2>Per hour</h2>
-{hourly.to_html(index=False, float_format=lambda v: f"{v:.4g}")}
+<h2>Per bucket of {size}</h2>
+{buckets.to_html(index=False, float_format=lambda v: f"{v:.4g}")}
 <p>Data: {links}</p>
 </body></html>
 """
@@ -218,6 +253,14 @@ def _totals(tasks: Any) -> tuple[int, str]:
 
 def _counts(row: Any) -> str:
     return ", ".join(f"{int(row[name])} {name}" for name in ("done", *_COUNTED))
+
+
+def _size(seconds: int) -> str:
+    """A bucket size as people say it: "1 s", "15 min", "6 h", "1 d"."""
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= length and seconds % length == 0:
+            return f"{seconds // length} {unit}"
+    return f"{seconds} s"
 
 
 def _span(since: float, until: float) -> str:

@@ -27,11 +27,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 try:
     from pyspark.sql import SparkSession
-    from pyspark.sql.datasource import DataSource
+    from pyspark.sql.datasource import CaseInsensitiveDict, DataSource
     from pyspark.sql.types import StructType
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
     raise ModuleNotFoundError(
@@ -47,6 +48,8 @@ from objq_broker.spark.read import (
     ObjqReader,
 )
 from objq_broker.spark.rows import option_int, required
+from objq_broker.spark.stream_read import ObjqStreamReader, StreamOptions, check_stream_options
+from objq_broker.spark.stream_write import ObjqStreamWriter
 from objq_broker.spark.write import ObjqWriter, settings_from_options
 
 __all__ = ["SCHEMA", "DefaultSource", "ObjqDataSource", "local_session", "register"]
@@ -55,6 +58,8 @@ log = logging.getLogger("objq_broker.spark")
 
 #: The runtime SQL setting without which Spark pushes no filter into a Python data source.
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+#: Options Spark passes to a streaming sink beside the user's (lower case, as Spark gives them).
+SPARK_STREAM_OPTIONS = ("checkpointlocation", "queryname")
 #: Spark settings that suit a local session (:func:`register` adds what the source needs).
 SESSION_CONF = {
     "spark.sql.session.timeZone": "UTC",
@@ -68,8 +73,9 @@ SESSION_CONF = {
 class ObjqDataSource(DataSource):
     """The ``objq`` format. Options: ``url`` (required), then for reading ``table``
     (jobs, dead or archive; default archive), ``objects_per_partition`` (archive) and
-    ``runs_per_partition`` (jobs, dead); for writing
-    ``queue`` and the options of :mod:`objq_broker.spark.rows`."""
+    ``runs_per_partition`` (jobs, dead); for streaming reads (archive only) those of
+    :class:`~objq_broker.spark.stream_read.StreamOptions`; for writing, in batch or
+    streaming, ``queue`` and the options of :mod:`objq_broker.spark.rows`."""
 
     @classmethod
     def name(cls) -> str:
@@ -91,12 +97,42 @@ class ObjqDataSource(DataSource):
         return ObjqReader(required(options, "url", where), table, objects, runs)
 
     def writer(self, schema: StructType, overwrite: bool) -> ObjqWriter:
-        if overwrite:
-            raise ConfigurationError(
-                "objq writer: mode('overwrite') would have to drop the jobs already queued; "
-                "objq only adds jobs: use mode('append')"
-            )
+        _append_only(overwrite, "mode('overwrite')", "mode('append')")
         return ObjqWriter(settings_from_options(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> ObjqStreamWriter:
+        _append_only(overwrite, "outputMode('complete')", "outputMode('append')")
+        return ObjqStreamWriter(settings_from_options(_users(self.options), schema))
+
+    def streamReader(self, schema: StructType) -> ObjqStreamReader:
+        options = _users(self.options)
+        where = "objq stream reader"
+        table = str(options.get("table", "archive")).lower()
+        if table != "archive":
+            raise ConfigurationError(
+                f"{where}: option 'table' must be 'archive' (finished jobs arrive there; the "
+                f"jobs and dead tables are read in batch), found {table!r}"
+            )
+        check_stream_options(options)
+        objects = _at_least_one(options, "objects_per_partition", DEFAULT_OBJECTS_PER_PARTITION)
+        url = required(options, "url", where)
+        return ObjqStreamReader(StreamOptions.from_options(options, url, objects))
+
+
+def _users(options: Mapping[str, str]) -> CaseInsensitiveDict:
+    """A streaming query's options without those Spark itself passes along."""
+    mine = CaseInsensitiveDict(options)
+    for name in SPARK_STREAM_OPTIONS:
+        mine.pop(name, None)
+    return mine
+
+
+def _append_only(overwrite: bool, asked: str, instead: str) -> None:
+    if overwrite:
+        raise ConfigurationError(
+            f"objq writer: {asked} would have to drop the jobs already queued; "
+            f"objq only adds jobs: use {instead}"
+        )
 
 
 def _at_least_one(options: Any, name: str, default: int) -> int:

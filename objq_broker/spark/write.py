@@ -51,6 +51,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from objq_broker.broker.settings import broker_settings
+from objq_broker.builders import StagedRun
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ObjqError, QueueError
 from objq_broker.model.bodies import encode_bodies
@@ -64,7 +65,6 @@ from objq_broker.model.checks import (
 )
 from objq_broker.model.records import Job, QueueConfig, encode_payload
 from objq_broker.model.runs import MAX_RUN_JOBS, build_run
-from objq_broker.ops import StagedRun
 from objq_broker.queue import Queue
 from objq_broker.spark.rows import RowPlan, check_known, required
 from objq_broker.storage import ObjectStore, open_store
@@ -92,6 +92,11 @@ class StagedPart(WriterCommitMessage):
     partition: int
     attempt: int
     runs: list[StagedRun] = field(default_factory=list)
+    #: The staging folder (``staging/<folder>/``) and the write id the commit is kept under:
+    #: the same for a DataFrame write; a streaming write stages each run of a micro-batch in a
+    #: folder of its own, under the micro-batch's one write id.
+    folder: str = ""
+    write_id: str = ""
 
     @property
     def keys(self) -> set[str]:
@@ -119,97 +124,113 @@ class ObjqWriter(DataSourceArrowWriter):
         self.settings = settings
         # Short ids and names: every job's reference to its row carries them into the state.
         self.write_id = write_id or uuid.uuid4().hex[:16]
-        store = open_store(settings.url)  # a bad URL fails here, before any task runs
-        try:
-            #: What the tasks give each job: the option, or the queue's setting now.
-            self.max_attempts = settings.max_attempts or _queue_attempts(store, settings.queue)
-        finally:
-            store.close()
+        # A bad URL fails here, before any task runs. What the tasks give each job: the
+        # option, or the queue's setting now.
+        self.max_attempts = settings.max_attempts or queue_attempts(settings.url, settings.queue)
         #: Jobs the commit added (None when the write id had been committed before).
         self.committed: int | None = None
-
-    @property
-    def prefix(self) -> str:
-        return staging_prefix(self.write_id)
 
     # --- executors -------------------------------------------------------------------------
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedPart:
-        partition, attempt = _task_identity()
-        settings = self.settings
-        store = open_store(settings.url)
-        try:
-            stem = f"{self.prefix}{partition}-{attempt}-{uuid.uuid4().hex[:6]}"
-            stager = _Stager(store, stem, self._job_plan())
-            for batch in iterator:
-                for body, priority, delay in settings.plan.rows(batch):
-                    stager.add(body, priority, delay)
-            stager.close()
-            if not stager.runs:
-                stager.check_open()
-        finally:
-            store.close()
-        return StagedPart(partition, attempt, stager.runs)
-
-    def _job_plan(self) -> _JobPlan:
-        settings = self.settings
-        return _JobPlan(
-            queue=settings.queue,
-            priority=settings.priority,
-            delay=settings.delay_seconds,
-            max_attempts=self.max_attempts,
-            rows_per_object=settings.rows_per_object,
-        )
+        return stage_rows(self.settings, self.max_attempts, self.write_id, self.write_id, iterator)
 
     # --- driver ----------------------------------------------------------------------------
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        parts = sorted(
-            (m for m in messages if isinstance(m, StagedPart)), key=lambda m: m.partition
-        )
-        runs = [run for part in parts for run in part.runs]
-        settings = self.settings
-        if runs:
-            # One commit from the driver: through the namespace's broker if there is one,
-            # never becoming it (it would resign a moment later).
-            broker = broker_settings(None, {}, default="client")
-            with Queue(settings.url, broker=broker) as queue:
-                self.committed = queue.enqueue_runs(settings.queue, runs, write_id=self.write_id)
-        else:
-            self.committed = 0
-        log.info(
-            "write %s: %s jobs enqueued to %r from %d staged runs",
-            self.write_id,
-            self.committed,
-            settings.queue,
-            len(runs),
-        )
-        # What failed or speculative attempts staged is not referenced: remove it now. The
-        # jobs are enqueued whatever happens here, so a failure must not fail the write.
-        try:
-            self._remove_staged(keep=set().union(*(part.keys for part in parts)))
-        except ObjqError as exc:
-            log.warning("write %s: staged objects left behind: %s", self.write_id, exc)
+        self.committed = commit_staged(self.settings, staged_parts(messages), self.write_id)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         log.info("write %s aborted: removing its staged objects", self.write_id)
-        self._remove_staged(keep=None)
+        remove_staged(self.settings.url, self.write_id, keep=None)
 
-    def _remove_staged(self, keep: set[str] | None) -> None:
-        """Delete this write's staged objects but ``keep`` (None: those the state refers to,
-        read now, so an abort after a commit that landed keeps what the queue needs)."""
-        store = open_store(self.settings.url)
-        marker = f"{self.prefix}{CLOSED_MARKER}"
+
+def stage_rows(
+    settings: WriteSettings,
+    max_attempts: int,
+    folder: str,
+    write_id: str,
+    iterator: Iterator[pa.RecordBatch],
+) -> StagedPart:
+    """In a task: stage the rows of ``iterator`` under ``staging/<folder>/`` as jobs of
+    ``max_attempts`` attempts; the commit message that lists them."""
+    partition, attempt = _task_identity()
+    store = open_store(settings.url)
+    try:
+        stem = f"{staging_prefix(folder)}{partition}-{attempt}-{uuid.uuid4().hex[:6]}"
+        plan = _JobPlan(
+            queue=settings.queue,
+            priority=settings.priority,
+            delay=settings.delay_seconds,
+            max_attempts=max_attempts,
+            rows_per_object=settings.rows_per_object,
+        )
+        stager = _Stager(store, stem, plan)
+        for batch in iterator:
+            for body, priority, delay in settings.plan.rows(batch):
+                stager.add(body, priority, delay)
+        stager.close()
+        if not stager.runs:
+            stager.check_open()
+    finally:
+        store.close()
+    return StagedPart(partition, attempt, stager.runs, folder, write_id)
+
+
+def staged_parts(messages: list[WriterCommitMessage | None]) -> list[StagedPart]:
+    """The winning attempts' messages, in partition order (None: a task that failed)."""
+    return sorted((m for m in messages if isinstance(m, StagedPart)), key=lambda m: m.partition)
+
+
+def commit_staged(settings: WriteSettings, parts: list[StagedPart], write_id: str) -> int | None:
+    """On the driver: enqueue the runs of ``parts`` in one commit kept under ``write_id``,
+    then remove what other attempts staged in the parts' folders. The jobs added; None when
+    ``write_id`` had been committed before (nothing added)."""
+    runs = [run for part in parts for run in part.runs]
+    committed: int | None = 0
+    if runs:
+        # One commit from the driver: through the namespace's broker if there is one,
+        # never becoming it (it would resign a moment later).
+        broker = broker_settings(None, {}, default="client")
+        with Queue(settings.url, broker=broker) as queue:
+            committed = queue.enqueue_runs(settings.queue, runs, write_id=write_id)
+    log.info(
+        "write %s: %s jobs enqueued to %r from %d staged runs",
+        write_id,
+        committed,
+        settings.queue,
+        len(runs),
+    )
+    # What failed or speculative attempts staged is not referenced: remove it now. When the
+    # write id had been committed before (a micro-batch run again), what this run staged is
+    # not referenced either, and what the first run staged is: keep what the state refers to.
+    # The jobs are enqueued whatever happens here, so a failure must not fail the write.
+    keep = None if committed is None else set().union(*(part.keys for part in parts))
+    for folder in sorted({part.folder for part in parts} or {write_id}):
         try:
-            store.put(marker, b"closed\n")  # before listing: see the module docstring
-            keys = [key for key in store.list(self.prefix) if key != marker]
-            if keys and keep is None:
-                keep = _referenced(store)
-            for key in keys:
-                if keep is None or key not in keep:
-                    store.delete(key)
-        finally:
-            store.close()
+            remove_staged(settings.url, folder, keep)
+        except ObjqError as exc:
+            log.warning("write %s: staged objects left behind: %s", write_id, exc)
+    return committed
+
+
+def remove_staged(url: str, folder: str, keep: set[str] | None) -> None:
+    """Close the staging folder ``staging/<folder>/`` and delete its objects but ``keep``
+    (None: those the state refers to, read now, so an abort after a commit that landed keeps
+    what the queue needs)."""
+    store = open_store(url)
+    prefix = staging_prefix(folder)
+    marker = f"{prefix}{CLOSED_MARKER}"
+    try:
+        store.put(marker, b"closed\n")  # before listing: see the module docstring
+        keys = [key for key in store.list(prefix) if key != marker]
+        if keys and keep is None:
+            keep = _referenced(store)
+        for key in keys:
+            if keep is None or key not in keep:
+                store.delete(key)
+    finally:
+        store.close()
 
 
 def _referenced(store: ObjectStore) -> set[str]:
@@ -218,10 +239,14 @@ def _referenced(store: ObjectStore) -> set[str]:
     return snapshot.referenced_bodies | snapshot.referenced_runs
 
 
-def _queue_attempts(store: ObjectStore, queue: str) -> int:
+def queue_attempts(url: str, queue: str) -> int:
     """The ``max_attempts`` of ``queue`` as stored now (the default for a queue not declared,
     which the write's commit declares)."""
-    snapshot = Snapshot.read(store)
+    store = open_store(url)
+    try:
+        snapshot = Snapshot.read(store)
+    finally:
+        store.close()
     if queue in snapshot.queue_names():
         return snapshot.config(queue).max_attempts
     return QueueConfig().max_attempts

@@ -7,11 +7,11 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Generic, TypeVar
 
-from objq_broker import ops
+from objq_broker import builders
 from objq_broker.aio import AsyncQueue
+from objq_broker.builders import Delay
 from objq_broker.model.checks import checked_timeout
 from objq_broker.model.records import Job, NackResult
-from objq_broker.ops import Delay
 from objq_broker.typed.queue import TypedDelivery, encode_all, one_of, typed_deliveries
 from objq_broker.typed.schema import Schema
 
@@ -47,7 +47,7 @@ class AsyncTypedQueue(Generic[T]):
         url: str | None = None,
     ) -> None:
         one_of("AsyncTypedQueue", queue, url)
-        self.name = ops.queue_name(name, "AsyncTypedQueue")
+        self.name = builders.queue_name(name, "AsyncTypedQueue")
         self.schema = Schema(type_)
         self._owned = queue is None
         #: The untyped queue underneath.

@@ -10,11 +10,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from objq_broker import ops
+from objq_broker import builders
+from objq_broker.builders import Delay, Delivery
 from objq_broker.errors import ConfigurationError, job_error
 from objq_broker.model.checks import checked_timeout
 from objq_broker.model.records import Job, NackResult
-from objq_broker.ops import Delay, Delivery
 from objq_broker.queue import Queue
 from objq_broker.typed.schema import PayloadInvalid, Schema
 
@@ -102,7 +102,7 @@ class TypedQueue(Generic[T]):
         url: str | None = None,
     ) -> None:
         one_of("TypedQueue", queue, url)
-        self.name = ops.queue_name(name, "TypedQueue")
+        self.name = builders.queue_name(name, "TypedQueue")
         self.schema = Schema(type_)
         self._owned = queue is None
         #: The untyped queue underneath.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from objq_broker import Queue, ops
+from objq_broker import Queue, builders
 from objq_broker.broker.client import BrokerLink
 from objq_broker.broker.elected import ElectedCommitter
 from objq_broker.engine.snapshot import Snapshot
@@ -39,7 +39,7 @@ def test_a_session_under_an_id_read_from_the_state_drops_nothing(tmp_path: Path)
         try:
             # When it sends a session far ahead under each of them
             for mark in marks:
-                forged = Session(mark, 2**62, [ops.declare(f"x{len(mark)}", {})])
+                forged = Session(mark, 2**62, [builders.declare(f"x{len(mark)}", {})])
                 attacker.apply(forged, timeout=5)
         finally:
             attacker.close()
@@ -60,7 +60,7 @@ def test_a_client_id_is_refused_on_any_connection_but_its_own(tmp_path: Path) ->
 
         attacker = BrokerLink(address)
         try:
-            forged = Session(stolen, 2**62, [ops.purge("q")])
+            forged = Session(stolen, 2**62, [builders.purge("q")])
             with pytest.raises(AccessDenied, match="belongs to another connection"):
                 attacker.apply(forged, timeout=5)
         finally:

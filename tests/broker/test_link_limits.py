@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from objq_broker import Queue, ops
+from objq_broker import Queue, builders
 from objq_broker.broker import wire
 from objq_broker.broker.elected import ElectedCommitter
 from objq_broker.errors import RequestTooLarge
@@ -67,7 +67,7 @@ def test_hundreds_of_idle_followers_leave_a_new_client_answered_at_once(tmp_path
                 peer.connect(f"tcp://{address}")
                 peer.send(wire.frame(wire.WATCH, wire.request_id(0), b""))
                 if n < WAITING_CLAIMS:
-                    claim = Session(f"idle{n}", 1, [ops.claim(["q"], 1, owner=f"idle{n}")])
+                    claim = Session(f"idle{n}", 1, [builders.claim(["q"], 1, owner=f"idle{n}")])
                     body = wire.encode_claim(claim, 30.0)
                     peer.send(wire.frame(wire.CLAIM, wire.request_id(1), body))
                 peers.append(peer)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from objq_broker import Queue, ops
+from objq_broker import Queue, builders
 from objq_broker.broker import wire
 from objq_broker.broker.elected import ElectedCommitter
 from objq_broker.broker.parking import LANE_STRIDE, ClaimPark
@@ -118,17 +118,17 @@ def test_a_parked_claim_takes_a_job_whose_lease_ran_out(fleet: tuple[Queue, list
 @pytest.fixture
 def engine() -> Iterator[Engine]:
     engine = Engine(MemoryStore())
-    engine.submit(ops.declare("q", {})).result()
+    engine.submit(builders.declare("q", {})).result()
     yield engine
     engine.close()
 
 
 def claim_session(client: str, n: int = 1) -> Session:
-    return Session(client, LANE_STRIDE, [ops.claim(["q"], n, owner="test")])
+    return Session(client, LANE_STRIDE, [builders.claim(["q"], n, owner="test")])
 
 
 def test_a_claim_sent_again_is_answered_not_applied_again(engine: Engine) -> None:
-    first, second = engine.submit(ops.enqueue("q", [b"a", b"b"])).result()
+    first, second = engine.submit(builders.enqueue("q", [b"a", b"b"])).result()
     park = ClaimPark(engine)
     session = claim_session("lane-1")
     ((ok, taken),) = park.claim(session, 0.0)
@@ -136,7 +136,7 @@ def test_a_claim_sent_again_is_answered_not_applied_again(engine: Engine) -> Non
     # The answer was lost; the client sends the same session (to the next broker).
     ((ok, again),) = park.claim(session, 0.0)
     assert ok and [job.id for job in again] == [first.id]
-    assert engine.submit(ops.stats(["q"])).result()[0].ready == 1  # b is still there
+    assert engine.submit(builders.stats(["q"])).result()[0].ready == 1  # b is still there
     assert second.id not in {job.id for job in again}
 
 
@@ -171,15 +171,15 @@ def test_a_parked_claim_is_answered_by_the_commit_that_readies_its_job(engine: E
     park = ClaimPark(engine)
     results = park_claims(park, [claim_session("lane-1"), claim_session("lane-2")], 30.0)
     writes, reads = engine.metrics.state_writes, engine.metrics.state_reads
-    (job,) = engine.submit(ops.enqueue("q", [b"a"])).result()
+    (job,) = engine.submit(builders.enqueue("q", [b"a"])).result()
     # The enqueue's own commit answered the first claimer: no write of its own for the claim.
     wait_for(lambda: len(results) == 1, 5, "the first claimer answered")
     assert answered(results) == [("lane-1", [job.id])]
     assert (engine.metrics.state_writes, engine.metrics.state_reads) == (writes + 1, reads)
-    assert engine.submit(ops.stats(["q"])).result()[0].in_flight == 1
+    assert engine.submit(builders.stats(["q"])).result()[0].in_flight == 1
     assert len(park) == 1 and park.standing == 1, "the second claimer stays parked"
 
-    (later,) = engine.submit(ops.enqueue("q", [b"b"])).result()
+    (later,) = engine.submit(builders.enqueue("q", [b"b"])).result()
     wait_for(lambda: len(results) == 2, 5, "the second claimer answered")
     assert answered(results)[1] == ("lane-2", [later.id])
     assert engine.metrics.state_writes == writes + 2
@@ -190,7 +190,7 @@ def test_a_commit_readying_k_jobs_answers_the_first_k_standing_claimers(engine: 
     park = ClaimPark(engine)
     results = park_claims(park, [claim_session(f"lane-{i}") for i in (1, 2, 3)], 30.0)
     writes = engine.metrics.state_writes
-    jobs = engine.submit(ops.enqueue("q", [b"a", b"b"])).result()
+    jobs = engine.submit(builders.enqueue("q", [b"a", b"b"])).result()
     wait_for(lambda: len(results) == 2, 5, "two claimers answered")
     time.sleep(0.2)
     assert sorted(answered(results)) == [("lane-1", [jobs[0].id]), ("lane-2", [jobs[1].id])]
@@ -205,14 +205,14 @@ def test_a_standing_try_taken_by_a_commit_is_answered_from_its_mark_when_sent_ag
     park = ClaimPark(engine)
     session = claim_session("lane-1")
     results = park_claims(park, [session], 30.0)
-    (job,) = engine.submit(ops.enqueue("q", [b"a"])).result()
+    (job,) = engine.submit(builders.enqueue("q", [b"a"])).result()
     wait_for(lambda: len(results) == 1, 5, "the claimer answered")
     # The answer was lost on its way; the same request comes again (to the next broker): its
     # second try, the standing one, took the job, and the first is answered from that mark.
     ((ok, again),) = park.claim(session, 30.0)
     assert ok and [j.id for j in again] == [job.id]
-    engine.submit(ops.enqueue("q", [b"b"])).result()
-    assert engine.submit(ops.stats(["q"])).result()[0].ready == 1  # b is still there
+    engine.submit(builders.enqueue("q", [b"b"])).result()
+    assert engine.submit(builders.stats(["q"])).result()[0].ready == 1  # b is still there
     park.close()
 
 
@@ -234,7 +234,7 @@ def test_a_full_park_answers_at_once_and_close_wakes_the_parked(engine: Engine) 
 
 def test_a_waiting_claim_must_hold_one_claim() -> None:
     bad = wire._encoder.encode(
-        wire.WaitingClaim(Session("c", 1, [ops.purge("q")]), wait_seconds=1.0)
+        wire.WaitingClaim(Session("c", 1, [builders.purge("q")]), wait_seconds=1.0)
     )
     with pytest.raises(
         ConfigurationError, match=r"expected one Claim operation, found \['Purge'\]"
@@ -247,7 +247,7 @@ def test_a_waiting_claim_must_hold_one_claim() -> None:
 def test_with_no_broker_to_wait_at_a_waiting_claim_claims_nothing() -> None:
     with Queue(store=MemoryStore(), broker="client") as queue:  # no broker: commits directly
         queue.enqueue("q", b"left for the usual claim")
-        waiting = committer(queue).claim_waiting(ops.claim(["q"], 1, owner="test"), 0.5)
+        waiting = committer(queue).claim_waiting(builders.claim(["q"], 1, owner="test"), 0.5)
         assert waiting is None
         assert queue.stats("q").ready == 1
         assert [d.payload for d in queue.claim("q", timeout=0.5)] == [b"left for the usual claim"]

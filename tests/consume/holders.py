@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Set
 from threading import Lock
 
-from objq_broker.ops import Delivery
+from objq_broker.builders import Delivery
 
 
 class Holder:

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from objq_broker import Queue
+from objq_broker.builders import Delivery
 from objq_broker.consume import LeaseKeeper, interval_for
 from objq_broker.errors import ConfigurationError, LeaseLost
-from objq_broker.ops import Delivery
 from objq_broker.storage import MemoryStore
 from objq_broker.storage.faulty import FaultyStore
 from tests.consume.holders import Holder

@@ -9,8 +9,8 @@ from collections import Counter
 from collections.abc import Callable
 
 from objq_broker import Queue
+from objq_broker.builders import Delivery
 from objq_broker.consume import ClaimWindow
-from objq_broker.ops import Delivery
 from tests.support.waiting import wait_for
 
 #: Seconds any single wait in these tests may take before the test fails.

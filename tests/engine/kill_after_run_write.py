@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from objq_broker import ops
+from objq_broker import builders
 from objq_broker.engine import Engine
 from objq_broker.model.runs import RUNS_PREFIX
 from objq_broker.storage import open_store
@@ -39,9 +39,9 @@ class DiesAfterRuns:
 def main() -> None:
     url, bound = sys.argv[1], int(sys.argv[2])
     engine = Engine(DiesAfterRuns(open_store(url), runs=2), spill_at=bound)  # type: ignore[arg-type]
-    engine.submit(ops.declare("q", {})).result()
+    engine.submit(builders.declare("q", {})).result()
     for n in range(10 * bound):
-        (job,) = engine.submit(ops.enqueue("q", [f"job {n}".encode()])).result()
+        (job,) = engine.submit(builders.enqueue("q", [f"job {n}".encode()])).result()
         print(job.id, flush=True)
     engine.close()
 

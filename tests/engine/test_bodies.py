@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from objq_broker import ConfigurationError, Queue, StateCorrupt, ops
+from objq_broker import ConfigurationError, Queue, StateCorrupt, builders
 from objq_broker.engine import STATE_KEY
 from objq_broker.engine.archive import iter_archive
 from objq_broker.engine.bodies import BodyCache
@@ -74,7 +74,7 @@ def test_a_job_enqueued_and_finished_in_one_batch_writes_no_bodies_object() -> N
         [delivery] = queue.claim("q")
         queue.ack(delivery)
         # Given a job whose enqueue and ack share a commit
-        enqueue = queue.submit(ops.enqueue("q", [BIG]))
+        enqueue = queue.submit(builders.enqueue("q", [BIG]))
         enqueue.result()
     assert len(store.list(BODIES_PREFIX)) == 1  # only the second, still queued job's
 
@@ -185,5 +185,8 @@ def test_a_small_state_keeps_large_payloads_until_it_reaches_its_budget() -> Non
 
 
 def test_inline_state_bytes_is_checked() -> None:
-    with pytest.raises(ConfigurationError, match="inline_state_bytes: expected int >= 0, found -1"):
+    with pytest.raises(
+        ConfigurationError,
+        match="inline_state_bytes: expected a whole number, zero or more, found -1",
+    ):
         Queue("memory://bodies-bad-budget", inline_state_bytes=-1)

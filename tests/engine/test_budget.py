@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from objq_broker import ConfigurationError, Queue, ops
+from objq_broker import ConfigurationError, Queue, builders
 
 
 def _submit_many(queue: Queue, count: int) -> list[Future[Any]]:
-    return [queue.submit(ops.enqueue("q", [f"{n}".encode()])) for n in range(count)]
+    return [queue.submit(builders.enqueue("q", [f"{n}".encode()])) for n in range(count)]
 
 
 @pytest.mark.parametrize("mode", ["off", "auto"])

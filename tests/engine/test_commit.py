@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from objq_broker import Queue, ops
+from objq_broker import Queue, builders
 from objq_broker.engine import STATE_KEY, Engine
 from objq_broker.engine.archive import iter_archive
 from objq_broker.errors import LeaseLost, QueueNotFound, StateCorrupt, StorageError
@@ -56,8 +56,8 @@ def test_one_refused_op_fails_alone() -> None:
         queue.enqueue("q", b"a")
         [delivery] = queue.claim("q")
         queue.ack(delivery)
-        stale = queue.submit(ops.ack(delivery))
-        fresh = queue.submit(ops.enqueue("q", [b"b"]))
+        stale = queue.submit(builders.ack(delivery))
+        fresh = queue.submit(builders.enqueue("q", [b"b"]))
         with pytest.raises(LeaseLost):
             stale.result()
         assert len(fresh.result()) == 1
@@ -214,8 +214,7 @@ def test_stale_leases_expire_on_the_idle_timer() -> None:
     with Queue(store=MemoryStore("idle"), idle_tick_seconds=0.05) as queue:
         queue.enqueue("q", b"x")
         [delivery] = queue.claim("q", lease=0.1)
-        with queue._arrivals:
-            queue._arrivals.wait_for(lambda: queue.stats("q").ready == 1, timeout=5)
+        queue.core.wait_until(lambda: queue.stats("q").ready == 1, timeout=5)
         assert queue.stats("q").ready == 1
         with pytest.raises(LeaseLost):
             queue.ack(delivery)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from objq_broker import Queue
+from objq_broker.builders import Delivery
 from objq_broker.engine import Engine
 from objq_broker.engine.garbage import (
     OPEN_WRITE_SECONDS,
@@ -26,7 +27,6 @@ from objq_broker.engine.snapshot import Snapshot
 from objq_broker.errors import ConfigurationError
 from objq_broker.model.bodies import encode_bodies
 from objq_broker.model.values import StagedBodies
-from objq_broker.ops import Delivery
 from objq_broker.storage import MemoryStore, ObjectStore
 
 #: Margin the tests collect with; ages are made by choosing ``now``, never by waiting an hour.

@@ -1,4 +1,4 @@
-"""The engine with runs (the segmented state, ``docs/segments.md``), with a small bound:
+"""The engine with runs (the segmented state, ``docs/runs.md``), with a small bound:
 ready jobs past the bound leave the head for runs written before it, claims take from runs in
 priority and FIFO order, consumed runs are deleted, another process reads the runs it needs,
 listing reads them, and a run missing from storage is reported, never written over."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from objq_broker import Queue, ops
+from objq_broker import Queue, builders
 from objq_broker.broker.elected import ElectedCommitter
 from objq_broker.engine import Engine
 from objq_broker.engine.archive import iter_archive
@@ -36,10 +36,12 @@ RUN_JOBS = 2 * BOUND
 
 def enqueue_one_by_one(engine: Engine) -> list[tuple[int, str]]:
     """Enqueue ``JOBS`` single jobs of three priorities; their ids in claim order."""
-    engine.submit(ops.declare("q", {})).result()
+    engine.submit(builders.declare("q", {})).result()
     made = []
     for n in range(JOBS):
-        (job,) = engine.submit(ops.enqueue("q", [f"job {n}".encode()], priority=n % 3)).result()
+        (job,) = engine.submit(
+            builders.enqueue("q", [f"job {n}".encode()], priority=n % 3)
+        ).result()
         made.append((job.priority, job.seq, job.id))
     return [(p, i) for p, _, i in sorted(made)]
 
@@ -59,16 +61,16 @@ def test_runs_keep_claim_order_and_are_deleted_once_consumed(store: ObjectStore)
         fmt, inline, runs = head(store)
         assert fmt == 2 and runs >= JOBS // (BOUND + 1) and inline <= BOUND
         assert sorted(store.list("runs/")) and len(store.list("runs/")) == runs
-        assert engine.submit(ops.stats(["q"])).result()[0].ready == JOBS
+        assert engine.submit(builders.stats(["q"])).result()[0].ready == JOBS
 
         claimed: list[Job] = []
         while len(claimed) < JOBS:
-            jobs = engine.submit(ops.claim(["q"], 4, owner="test")).result()
+            jobs = engine.submit(builders.claim(["q"], 4, owner="test")).result()
             assert jobs, "claims stopped before the backlog was empty"
             claimed += jobs
         assert [(j.priority, j.id) for j in claimed] == order
-        for delivery in ops.deliveries(claimed):
-            engine.submit(ops.ack(delivery))
+        for delivery in builders.deliveries(claimed):
+            engine.submit(builders.ack(delivery))
         engine.flush()
     finally:
         engine.close()
@@ -91,10 +93,10 @@ def test_another_process_reads_the_runs_it_claims_from(tmp_path: Path) -> None:
         listed = snapshot.jobs("q")
         assert [(state, job.id) for state, job in listed] == [("ready", i) for _, i in order]
         assert sorted(job.id for _, job in snapshot.all_live()) == sorted(i for _, i in order)
-        jobs = reader.submit(ops.claim(["q"], JOBS, owner="other")).result()
+        jobs = reader.submit(builders.claim(["q"], JOBS, owner="other")).result()
         assert [(j.priority, j.id) for j in jobs] == order
         # The writer's cached head is stale: its next claim conflicts, re-reads, finds nothing.
-        assert writer.submit(ops.claim(["q"], 1, owner="test")).result() == []
+        assert writer.submit(builders.claim(["q"], 1, owner="test")).result() == []
     finally:
         writer.close()
         reader.close()
@@ -120,9 +122,9 @@ def test_a_run_missing_from_storage_is_dropped_with_a_record_and_the_rest_delive
     fresh = Engine(store, commit_deadline_seconds=5)
     try:
         # The claim confirms the run is gone from a fresh read, then delivers the rest
-        jobs = fresh.submit(ops.claim(["q"], JOBS, owner="test")).result()
+        jobs = fresh.submit(builders.claim(["q"], JOBS, owner="test")).result()
         assert len(jobs) == JOBS - held
-        assert fresh.submit(ops.stats(["q"])).result()[0].ready == 0
+        assert fresh.submit(builders.stats(["q"])).result()[0].ready == 0
     finally:
         fresh.close()
     after = store.read(STATE_KEY)
@@ -140,18 +142,20 @@ def test_spilling_under_faults_loses_nothing_and_runs_nothing_twice(seed: int) -
     store = FaultyStore(MemoryStore(), seed=seed, error_rate=0.1, landed_rate=0.1)
     engine = Engine(store, spill_at=3, seed=seed)
     try:
-        engine.submit(ops.declare("q", {})).result()
+        engine.submit(builders.declare("q", {})).result()
         acknowledged = set()
         for n in range(60):
-            (job,) = engine.submit(ops.enqueue("q", [f"job {n}".encode()], priority=n % 2)).result()
+            (job,) = engine.submit(
+                builders.enqueue("q", [f"job {n}".encode()], priority=n % 2)
+            ).result()
             acknowledged.add(job.id)
         done: list[str] = []
         while True:
-            jobs = engine.submit(ops.claim(["q"], 7, owner="test")).result()
+            jobs = engine.submit(builders.claim(["q"], 7, owner="test")).result()
             if not jobs:
                 break
-            for delivery in ops.deliveries(jobs):
-                engine.submit(ops.ack(delivery)).result()
+            for delivery in builders.deliveries(jobs):
+                engine.submit(builders.ack(delivery)).result()
                 done.append(delivery.job.id)
         assert store.counts.landed_then_failed > 0 and store.counts.errors > 0, "no faults injected"
     finally:
@@ -187,12 +191,12 @@ def test_a_format_1_state_is_upgraded_by_its_first_commit(tmp_path: Path) -> Non
     assert head(store) == (1, JOBS, 0)
     new = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS)
     try:
-        new.submit(ops.declare("q", {})).result()  # changes nothing: nothing is written
+        new.submit(builders.declare("q", {})).result()  # changes nothing: nothing is written
         assert head(store) == (1, JOBS, 0)
-        new.submit(ops.enqueue("q", [b"last"], priority=9)).result()
+        new.submit(builders.enqueue("q", [b"last"], priority=9)).result()
         fmt, inline, runs = head(store)
         assert fmt == 2 and inline <= BOUND and runs >= 1
-        jobs = new.submit(ops.claim(["q"], JOBS, owner="test")).result()
+        jobs = new.submit(builders.claim(["q"], JOBS, owner="test")).result()
         assert [(j.priority, j.id) for j in jobs] == order
     finally:
         new.close()
@@ -224,13 +228,14 @@ def test_claims_reaching_more_runs_than_the_cache_keeps(tmp_path: Path) -> None:
     store = open_store(tmp_path.as_uri())
     engine = Engine(store, spill_at=1, run_jobs=2)
     try:
-        engine.submit(ops.declare("q", {})).result()
+        engine.submit(builders.declare("q", {})).result()
         made = [
-            engine.submit(ops.enqueue("q", [b"x"], priority=n % 4)).result()[0] for n in range(120)
+            engine.submit(builders.enqueue("q", [b"x"], priority=n % 4)).result()[0]
+            for n in range(120)
         ]
         assert len(store.list("runs/")) > 2 * RUN_CACHE_SIZE
         claimed: list[Job] = []
-        while batch := engine.submit(ops.claim(["q"], 30, owner="test")).result():
+        while batch := engine.submit(builders.claim(["q"], 30, owner="test")).result():
             claimed += batch
         assert [j.id for j in claimed] == [
             j.id for j in sorted(made, key=lambda j: (j.priority, j.seq))
@@ -262,13 +267,13 @@ def test_a_run_written_by_a_process_killed_before_its_commit_is_ignored_and_swep
 
     engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS)
     try:
-        listed = engine.submit(ops.list_jobs("q", None, 1000)).result()
+        listed = engine.submit(builders.list_jobs("q", None, 1000)).result()
         assert sorted(job.id for _, job in listed) == sorted(acknowledged)
         claimed: list[str] = []
-        while jobs := engine.submit(ops.claim(["q"], 4, owner="test")).result():
+        while jobs := engine.submit(builders.claim(["q"], 4, owner="test")).result():
             claimed += [job.id for job in jobs]
-            for delivery in ops.deliveries(jobs):
-                engine.submit(ops.ack(delivery)).result()
+            for delivery in builders.deliveries(jobs):
+                engine.submit(builders.ack(delivery)).result()
         assert sorted(claimed) == sorted(acknowledged)
         engine.flush()  # the janitor's sweep, started by the first commit, has run
         assert store.list("runs/") == [], "the orphan run (or a consumed one) was left"
@@ -286,17 +291,17 @@ def test_dead_letters_past_the_bound_leave_the_head_and_stay_exact(store: Object
     clock = ManualClock()
     engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS, clock=clock)
     try:
-        engine.call(ops.declare("q", {"max_attempts": 1, "dead_ttl_seconds": 100}))
-        engine.call(ops.enqueue("q", [f"job {n}".encode() for n in range(JOBS)]))
+        engine.call(builders.declare("q", {"max_attempts": 1, "dead_ttl_seconds": 100}))
+        engine.call(builders.enqueue("q", [f"job {n}".encode() for n in range(JOBS)]))
         died = []
-        claimed: list[Job] = engine.call(ops.claim(["q"], JOBS, owner="test"))
-        for delivery in ops.deliveries(claimed):
+        claimed: list[Job] = engine.call(builders.claim(["q"], JOBS, owner="test"))
+        for delivery in builders.deliveries(claimed):
             clock.now += 1
-            assert engine.call(ops.nack(delivery, error="boom", retry=False)) == "dead"
+            assert engine.call(builders.nack(delivery, error="boom", retry=False)) == "dead"
             died.append(delivery.id)
         doc = stored_doc(store)
         assert len(doc.dead) <= BOUND and doc.dead_runs, "dead letters did not leave the head"
-        assert engine.call(ops.stats(["q"]))[0].dead == JOBS
+        assert engine.call(builders.stats(["q"]))[0].dead == JOBS
 
         other = Engine(
             store, spill_at=BOUND, run_jobs=RUN_JOBS, clock=clock
@@ -305,18 +310,18 @@ def test_dead_letters_past_the_bound_leave_the_head_and_stay_exact(store: Object
             assert [job.id for job in other.call(DeadLetters("q"))] == died
             assert other.call(FindJob(died[0])) is not None
             assert Snapshot.read(store).dead_letters("q") == other.call(DeadLetters("q"))
-            assert other.call(ops.retry_dead("q", [died[0]])) == [died[0]]
-            stats = other.call(ops.stats(["q"]))[0]
+            assert other.call(builders.retry_dead("q", [died[0]])) == [died[0]]
+            stats = other.call(builders.stats(["q"]))[0]
             assert (stats.ready, stats.dead) == (1, JOBS - 1)
         finally:
             other.close()
         # Past retention the dead runs go, a few dead letters at a time as their time comes.
         clock.now += 100 - JOBS // 2
         engine.call(Expire())
-        assert engine.call(ops.stats(["q"]))[0].dead == JOBS // 2
+        assert engine.call(builders.stats(["q"]))[0].dead == JOBS // 2
         clock.now += JOBS
         engine.call(Expire())
-        assert engine.call(ops.stats(["q"]))[0].dead == 0
+        assert engine.call(builders.stats(["q"]))[0].dead == 0
         engine.flush()
         assert not stored_doc(store).dead_runs
         assert store.list("runs/") == [], "a dead run past retention was left"
@@ -330,11 +335,11 @@ def test_idempotency_keys_past_the_bound_leave_the_head_and_still_hold(
     clock = ManualClock()
     engine = Engine(store, spill_at=BOUND, run_jobs=RUN_JOBS, clock=clock)
     try:
-        engine.call(ops.declare("q", {"idempotency_seconds": 50}))
+        engine.call(builders.declare("q", {"idempotency_seconds": 50}))
         first = {}
         for n in range(JOBS):
             clock.now += 1
-            (job,) = engine.call(ops.enqueue("q", [b"x"], keys=[f"k{n}"]))
+            (job,) = engine.call(builders.enqueue("q", [b"x"], keys=[f"k{n}"]))
             first[f"k{n}"] = job.id
         doc = stored_doc(store)
         assert len(doc.keys) <= BOUND and doc.key_runs, "keys did not leave the head"
@@ -343,14 +348,14 @@ def test_idempotency_keys_past_the_bound_leave_the_head_and_still_hold(
             store, spill_at=BOUND, run_jobs=RUN_JOBS, clock=clock
         )  # reads the key runs it needs
         try:
-            again = other.call(ops.enqueue("q", [b"y", b"z"], keys=["k0", "k1"]))
+            again = other.call(builders.enqueue("q", [b"y", b"z"], keys=["k0", "k1"]))
             assert [job.id for job in again] == [first["k0"], first["k1"]]
-            assert other.call(ops.stats(["q"]))[0].ready == JOBS
+            assert other.call(builders.stats(["q"]))[0].ready == JOBS
         finally:
             other.close()
         # Past the window the key runs go, and a key makes a new job again.
         clock.now += 50
-        (fresh,) = engine.call(ops.enqueue("q", [b"x"], keys=["k0"]))
+        (fresh,) = engine.call(builders.enqueue("q", [b"x"], keys=["k0"]))
         assert fresh.id != first["k0"]
         engine.flush()
         assert not stored_doc(store).key_runs
@@ -366,7 +371,9 @@ def stored_doc(store: ObjectStore) -> StateDoc:
 
 @pytest.mark.parametrize("bound", [-1, 2.5, "1000", True])
 def test_a_bound_that_is_not_a_count_is_refused(bound: object) -> None:
-    with pytest.raises(ConfigurationError, match=r"spill_at: expected int"):
+    with pytest.raises(
+        ConfigurationError, match=r"spill_at: expected a whole number, zero or more, or None, found"
+    ):
         Engine(MemoryStore(), spill_at=bound)  # type: ignore[arg-type]
 
 
@@ -376,9 +383,9 @@ def test_a_listing_whose_runs_were_consumed_meanwhile_reads_the_state_again() ->
     try:
         order = enqueue_one_by_one(engine)
         snapshot = Snapshot.read(store)  # someone runs `objq jobs list` ...
-        taken: list[Job] = engine.call(ops.claim(["q"], JOBS - 3, owner="test"))
-        for delivery in ops.deliveries(taken):  # ... while a worker takes most jobs
-            engine.call(ops.ack(delivery))
+        taken: list[Job] = engine.call(builders.claim(["q"], JOBS - 3, owner="test"))
+        for delivery in builders.deliveries(taken):  # ... while a worker takes most jobs
+            engine.call(builders.ack(delivery))
         engine.flush()
         referred = {ref.key for _, ref in snapshot._state.runs_of()}
         assert referred - set(store.list("runs/")), "no run the snapshot refers to was consumed"
@@ -397,7 +404,7 @@ def test_a_producer_of_single_jobs_keeps_one_run_growing(store: ObjectStore) -> 
         engine.flush()
         assert head(store)[2] == 1, "spills made a run each instead of merging"
         assert len(store.list("runs/")) == 1, "a replaced run was left behind"
-        claimed: list[Job] = engine.call(ops.claim(["q"], JOBS, owner="test"))
+        claimed: list[Job] = engine.call(builders.claim(["q"], JOBS, owner="test"))
         assert [(j.priority, j.id) for j in claimed] == order
     finally:
         engine.close()
@@ -412,11 +419,11 @@ def test_producers_taking_turns_have_their_small_runs_merged(store: ObjectStore)
     producers = [Engine(store, spill_at=BOUND, run_jobs=run_jobs) for _ in range(2)]
     made: list[tuple[int, int, str]] = []
     try:
-        producers[0].call(ops.declare("q", {}))
+        producers[0].call(builders.declare("q", {}))
         for turn in range(24):
             engine = producers[turn % 2]
             bodies = [f"job {turn}-{n}".encode() for n in range(BOUND + 1)]
-            jobs = engine.call(ops.enqueue("q", bodies, priority=turn % 3))
+            jobs = engine.call(builders.enqueue("q", bodies, priority=turn % 3))
             made += [(job.priority, job.seq, job.id) for job in jobs]
             engine.flush()  # its background reads too: the next commit can merge
         merged = sum(engine.metrics.runs_merged for engine in producers)
@@ -429,7 +436,7 @@ def test_producers_taking_turns_have_their_small_runs_merged(store: ObjectStore)
         assert sorted(store.list("runs/")) == sorted(ref.key for ref in runs_of(store))
         claimer = Engine(store)
         try:
-            claimed: list[Job] = claimer.call(ops.claim(["q"], len(made), owner="test"))
+            claimed: list[Job] = claimer.call(builders.claim(["q"], len(made), owner="test"))
         finally:
             claimer.close()
         assert [(j.priority, j.id) for j in claimed] == [(p, i) for p, _, i in sorted(made)]

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from objq_broker import Queue, ops
+from objq_broker import Queue, builders
 from objq_broker.broker.client import BrokerLink
 from objq_broker.broker.elected import ElectedCommitter
+from objq_broker.builders import Delivery
 from objq_broker.errors import ConfigurationError, ObjqError
 from objq_broker.model.checks import MAX_CLAIM, MAX_ERROR_TEXT, MAX_IDENTIFIER
 from objq_broker.model.ops import Claim, Nack, Session
-from objq_broker.ops import Delivery
 
 HUGE = 70 * 1024 * 1024  # past the 64 MiB every reader accepts by default
 
@@ -118,7 +118,7 @@ def test_the_broker_refuses_a_session_number_past_64_bits(tmp_path: Path) -> Non
         hostile = BrokerLink(address)
         try:
             with pytest.raises(ObjqError, match=r"(?i)expected"):
-                hostile.apply(Session("c", 10**4000, [ops.declare("x", {})]), timeout=10)
+                hostile.apply(Session("c", 10**4000, [builders.declare("x", {})]), timeout=10)
         finally:
             hostile.close()
         assert "x" not in leader.queues()

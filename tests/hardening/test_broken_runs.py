@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from objq_broker import ConfigurationError, Queue, ops
+from objq_broker import ConfigurationError, Queue, builders
 from objq_broker.engine.archive import iter_archive
 from objq_broker.engine.snapshot import Snapshot
 from objq_broker.storage import open_store
@@ -103,11 +103,11 @@ def test_a_staged_write_naming_a_missing_or_broken_run_is_refused_alone(tmp_path
         good = _stage_runs(store, "staging/c/0", [("c", 0, 0.0)])  # type: ignore[arg-type]
 
         futures: list[Future[Any]] = [
-            queue.submit(ops.enqueue("q", [b"before"])),
-            queue.submit(ops.enqueue_runs("q", missing, write_id="a")),
-            queue.submit(ops.enqueue_runs("q", broken, write_id="b")),
-            queue.submit(ops.enqueue_runs("q", good, write_id="c")),
-            queue.submit(ops.enqueue("q", [b"after"])),
+            queue.submit(builders.enqueue("q", [b"before"])),
+            queue.submit(builders.enqueue_runs("q", missing, write_id="a")),
+            queue.submit(builders.enqueue_runs("q", broken, write_id="b")),
+            queue.submit(builders.enqueue_runs("q", good, write_id="c")),
+            queue.submit(builders.enqueue("q", [b"after"])),
         ]
         with pytest.raises(ConfigurationError, match="found none"):
             futures[1].result(timeout=30)

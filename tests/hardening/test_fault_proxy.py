@@ -26,9 +26,9 @@ from typing import TypeVar
 import pytest
 
 from objq_broker import Queue
+from objq_broker.builders import Delivery
 from objq_broker.engine.archive import iter_archive
 from objq_broker.errors import JobNotFound, LeaseLost, QueueError, StorageError
-from objq_broker.ops import Delivery
 from objq_broker.storage import s3
 from tests.support.fault_proxy import FaultProxy, Faults
 from tests.support.servers import create_s3_bucket, new_bucket_name

@@ -13,37 +13,37 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from objq_broker import Queue, ops
+from objq_broker import Queue, builders
+from objq_broker.builders import Delivery
 from objq_broker.model import ops as model_ops
 from objq_broker.model.values import StagedRun
-from objq_broker.ops import Delivery
 
 LIMIT = 256 * 1024
 OPTIONS: dict[str, Any] = {"max_state_bytes": LIMIT, "inline_state_bytes": LIMIT, "spill_at": None}
 
 #: Each makes an operation refused for its own reason, given a delivery the batch does not hold.
 BAD: dict[str, Callable[[Delivery], Any]] = {
-    "ack with a stale token": lambda d: ops.ack(Delivery(d.job, "stale")),
-    "nack with a stale token": lambda d: ops.nack(Delivery(d.job, "stale"), error="x"),
-    "heartbeat of a job never claimed": lambda d: ops.heartbeat([Delivery(d.job, "t")]),
-    "release with a stale token": lambda d: ops.release([Delivery(d.job, "stale")]),
-    "purge of a queue never declared": lambda d: ops.purge("nowhere"),
-    "delete of a queue never declared": lambda d: ops.delete_queue("nowhere"),
-    "retry of dead letters that do not exist": lambda d: ops.retry_dead("q", ["ghost"]),
-    "purge of dead letters that do not exist": lambda d: ops.purge_dead("q", ["ghost"]),
-    "strict claim of a queue never declared": lambda d: ops.claim(
+    "ack with a stale token": lambda d: builders.ack(Delivery(d.job, "stale")),
+    "nack with a stale token": lambda d: builders.nack(Delivery(d.job, "stale"), error="x"),
+    "heartbeat of a job never claimed": lambda d: builders.heartbeat([Delivery(d.job, "t")]),
+    "release with a stale token": lambda d: builders.release([Delivery(d.job, "stale")]),
+    "purge of a queue never declared": lambda d: builders.purge("nowhere"),
+    "delete of a queue never declared": lambda d: builders.delete_queue("nowhere"),
+    "retry of dead letters that do not exist": lambda d: builders.retry_dead("q", ["ghost"]),
+    "purge of dead letters that do not exist": lambda d: builders.purge_dead("q", ["ghost"]),
+    "strict claim of a queue never declared": lambda d: builders.claim(
         ["nowhere"], 1, owner="o", strict=True
     ),
-    "staged runs that are not stored": lambda d: ops.enqueue_runs(
+    "staged runs that are not stored": lambda d: builders.enqueue_runs(
         "q",
         [StagedRun("staging/g/run.json", "staging/g/b.json", "ready", 1, (0, 0), (0, 0), 0.0)],
         write_id=f"w-{d.id}",
     ),
-    "an enqueue past max_state_bytes": lambda d: ops.enqueue("q", [b"b" * 100] * 4000),
+    "an enqueue past max_state_bytes": lambda d: builders.enqueue("q", [b"b" * 100] * 4000),
     "settings of a queue never declared": lambda d: model_ops.Configure(
         "nowhere", {"max_attempts": 3}
     ),
-    "a look-up of a job that does not exist": lambda d: ops.list_jobs("nowhere", None, 1),
+    "a look-up of a job that does not exist": lambda d: builders.list_jobs("nowhere", None, 1),
 }
 
 
@@ -62,7 +62,7 @@ def test_every_good_operation_of_a_mixed_batch_lands(tmp_path_factory: Any, mix:
         queue.enqueue("held", b"x")
         (held,) = queue.claim("held")
         built = [
-            ops.enqueue("q", [f"good {n}".encode()]) if kind == "good" else BAD[kind](held)
+            builders.enqueue("q", [f"good {n}".encode()]) if kind == "good" else BAD[kind](held)
             for n, kind in enumerate(mix)
         ]
         futures: list[Future[Any]] = [queue.submit(op) for op in built]

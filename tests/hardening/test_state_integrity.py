@@ -326,7 +326,7 @@ def test_a_forged_epoch_is_reported_and_does_not_fence_the_recorded_broker(
         doc = decode_state(blob.data, "t")
         doc.epoch = 1_000_000
         store.write(STATE_KEY, msgspec.json.encode(doc), if_version=blob.version)
-        broker._invalidate()  # as after a conflict: it reads the forged state
+        broker._cache.invalidate()  # as after a conflict: it reads the forged state
         with caplog.at_level(logging.ERROR, logger="objq_broker.engine"):
             assert broker.call(op_types.Declare("r")) is True  # not fenced
         assert "not written by objq" in caplog.text

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from objq_broker import Queue, ops
+from objq_broker import Queue, builders
 from objq_broker.broker.elected import ElectedCommitter
+from objq_broker.builders import Delivery
 from objq_broker.errors import StateFull
-from objq_broker.ops import Delivery
 
 LIMIT = 256 * 1024
 #: Jobs stay in the state's head (no spilling into runs), as a namespace with many queues
@@ -47,9 +47,9 @@ def test_the_operation_that_would_overfill_the_state_is_refused_alone(
     with Queue(url, broker=broker, **OPTIONS) as queue:
         queue.enqueue("q", b"held")
         (held,) = queue.claim("q")
-        good = [ops.enqueue("q", [f"good {n}".encode()]) for n in range(20)]
-        flood = ops.enqueue("q", [BODY] * TOO_MANY)
-        futures = _one_batch(queue, [*good[:10], flood, ops.ack(held), *good[10:]])
+        good = [builders.enqueue("q", [f"good {n}".encode()]) for n in range(20)]
+        flood = builders.enqueue("q", [BODY] * TOO_MANY)
+        futures = _one_batch(queue, [*good[:10], flood, builders.ack(held), *good[10:]])
         outcomes = [_outcome(f) for f in futures]
 
         refused = outcomes[10]
@@ -101,9 +101,9 @@ def test_a_session_through_the_broker_loses_only_its_overfilling_operation(
         futures = _one_batch(
             client,
             [
-                ops.enqueue("q", [b"before"]),
-                ops.enqueue("q", [BODY] * TOO_MANY),
-                ops.enqueue("q", [b"after"]),
+                builders.enqueue("q", [b"before"]),
+                builders.enqueue("q", [BODY] * TOO_MANY),
+                builders.enqueue("q", [b"after"]),
             ],
         )
         before, flood, after = (_outcome(f) for f in futures)

@@ -16,7 +16,16 @@ from objq_broker.errors import (
     QueueNotFound,
     StateCorrupt,
 )
-from objq_broker.model import backlog, indexed, leases
+from objq_broker.model import (
+    backlog,
+    indexed,
+    leases,
+    lifecycle,
+    producing,
+    reading,
+    spilling,
+)
+from objq_broker.model import state as state_module
 from objq_broker.model.encoding import decode_state, encode_state
 from objq_broker.model.records import Job, QueueConfig, encode_payload
 from objq_broker.model.state import QueueState
@@ -182,7 +191,7 @@ def test_retry_dead_of_an_unknown_id_raises_job_not_found_and_changes_nothing() 
 
 
 class CountingHeapq:
-    """Stands in for ``heapq`` inside the state's modules and counts heap operations."""
+    """Stands in for ``heapq`` inside the state's index and counts heap operations."""
 
     def __init__(self) -> None:
         self.pushes = 0
@@ -225,16 +234,21 @@ class WatchedJobs(dict[str, Job]):
 
 def _watch(state: QueueState, monkeypatch: pytest.MonkeyPatch) -> tuple[CountingHeapq, WatchedJobs]:
     counting = CountingHeapq()
-    for module in (indexed, backlog, leases):  # the modules of the state that use heaps
-        monkeypatch.setattr(module, "heapq", counting)
+    monkeypatch.setattr(indexed, "heapq", counting)  # the one module that touches the heaps
     watched = WatchedJobs(state.jobs)
-    state.jobs = watched
+    state.index.jobs = watched
 
     def no_state_at(self: Job, now: float) -> str:
         raise AssertionError("claim asked a job for its state: a scan")
 
     monkeypatch.setattr(Job, "state_at", no_state_at)
     return counting, watched
+
+
+def test_only_the_index_touches_the_heaps() -> None:
+    # The counts below patch one module: a heap operation anywhere else would go uncounted.
+    modules = (backlog, leases, lifecycle, producing, reading, spilling, state_module)
+    assert [module.__name__ for module in modules if hasattr(module, "heapq")] == []
 
 
 def test_claiming_one_of_50000_ready_jobs_touches_a_few_entries(

@@ -16,7 +16,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from objq_broker import Queue, ops
+from objq_broker import Queue, builders
 from objq_broker.engine import STATE_KEY, Engine
 from objq_broker.engine.archive import archive_key
 from objq_broker.engine.snapshot import Snapshot
@@ -312,15 +312,15 @@ def _with_runs(url: str) -> Engine:
     """A namespace whose backlog, delayed jobs and dead letters are mostly in runs: 60 ready
     jobs, 15 delayed, 12 dead letters and 3 in flight, past a bound of 5 in runs of 10."""
     engine = Engine(open_store(url), spill_at=5, run_jobs=10)
-    engine.call(ops.declare("q", {}))
+    engine.call(builders.declare("q", {}))
     for n in range(6):
         payloads = [f"job-{n}-{i}".encode() for i in range(10)]
-        engine.call(ops.enqueue("q", payloads, priority=n % 3))
-    engine.call(ops.enqueue("q", [f"later-{i}".encode() for i in range(15)], delay=3600))
-    doomed = engine.call(ops.claim(["q"], 12, owner="test"))
-    for delivery in ops.deliveries(doomed):
-        engine.call(ops.nack(delivery, error="boom", retry=False))
-    engine.call(ops.claim(["q"], 3, owner="test"))
+        engine.call(builders.enqueue("q", payloads, priority=n % 3))
+    engine.call(builders.enqueue("q", [f"later-{i}".encode() for i in range(15)], delay=3600))
+    doomed = engine.call(builders.claim(["q"], 12, owner="test"))
+    for delivery in builders.deliveries(doomed):
+        engine.call(builders.nack(delivery, error="boom", retry=False))
+    engine.call(builders.claim(["q"], 3, owner="test"))
     engine.flush()
     return engine
 
@@ -357,7 +357,7 @@ def test_a_run_consumed_after_planning_yields_no_rows_and_the_rest_are_read(
         parts = reader.partitions()
         planned = {p.runs[0][1].key: p for p in parts if p.runs}
         # Workers take the whole backlog's first runs, which are then deleted.
-        engine.call(ops.claim(["q"], 20, owner="late"))
+        engine.call(builders.claim(["q"], 20, owner="late"))
         engine.flush()
         gone = [key for key in planned if open_store(url).read(key) is None]
         assert gone, "no run was consumed"

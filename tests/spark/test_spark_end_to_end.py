@@ -87,6 +87,6 @@ def test_dataframe_to_dramatiq_workers_to_report(
     assert [(t["queue"], t["task"], t["jobs"], t["dead"]) for t in tasks] == [
         ("default", "add", str(ROWS), "0")
     ]
-    for name in ("hourly.parquet", "throughput.png", "latency.png", "failures.png"):
+    for name in ("buckets.parquet", "throughput.png", "latency.png", "failures.png"):
         assert (out / name).stat().st_size > 0
     assert "default" in (out / "index.html").read_text()

@@ -13,12 +13,20 @@ Three class flags tell the committer how fresh the state must be:
 * ``latest``: exactly as stored now (inspection);
 * ``consumer``: the caller consumes, so the committer also expires stale leases when idle.
 
-Build operations with the functions of :mod:`objq_broker.ops`, which check every value.
+Three more say what else an operation is, so that no list of operations is kept beside them:
+``sent`` (a broker client may send it; :data:`ANY_OP`, the union a :class:`Session` is
+decoded with, is built from the classes that may), ``shrinks`` (it never makes the state
+larger) and ``produces`` (it brings new things into the state), which tell the engine what to
+refuse when a state grows too large to store. The runs of the backlog an operation reads are
+its :meth:`~Op.runs_needed`.
+
+Build operations with the functions of :mod:`objq_broker.builders`, which check every value.
 
 The operations live in modules by what they do, on the bases in ``base``: ``queues`` (queues
 and their dead letters), ``jobs`` (producing and consuming), ``reading`` (inspection and the
 write budget), and ``session`` (the broker record, a broker client's request, and the runs a
-batch needs read). Import them from here.
+batch needs read). Import them from here. A class declared in one of these modules is an
+operation of the union with no other change.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from objq_broker.model.checks import (
     Seconds,
     SignedSeconds,
 )
-from objq_broker.model.ops.base import Op
+from objq_broker.model.ops.base import Op, RunAt
 from objq_broker.model.records import (
     Job,
     NackResult,
@@ -39,6 +39,8 @@ class Enqueue(Op[list[Job]], frozen=True):
     queues that exist are added (a message routed by a binding that outlived its queue is
     dropped, as AMQP drops what no queue takes, instead of bringing the queue back)."""
 
+    produces: ClassVar[bool] = True
+
     items: Annotated[list[NewJob], Meta(max_length=MAX_ITEMS)]
     to_declared: bool = False
 
@@ -53,12 +55,24 @@ class Enqueue(Op[list[Job]], frozen=True):
             return self.items
         return [item for item in self.items if item.queue in state.doc.queues]
 
+    def runs_needed(self, state: QueueState) -> list[RunAt]:
+        """An idempotency key may be in its queue's key runs. The backlog is never read for it:
+        a duplicate whose first job left the head is answered by that job's id, described from
+        the request (reading a deep queue's runs for it would cost the whole backlog in
+        memory)."""
+        found: list[RunAt] = []
+        for queue in {item.queue for item in self.items if item.key is not None}:
+            found += state.key_runs_of(queue)
+        return found
+
     @property
     def size(self) -> int:
         return sum(len(item.body) for item in self.items)
 
 
 class EnqueueStaged(Op[int | None], frozen=True):
+    produces: ClassVar[bool] = True
+
     queue: QueueName
     staged: Annotated[list[StagedBodies], Meta(max_length=MAX_ITEMS)]
     ids: Annotated[list[Identifier], Meta(max_length=MAX_ITEMS)]
@@ -82,8 +96,13 @@ class EnqueueStaged(Op[int | None], frozen=True):
     def replay(self, state: QueueState, now: float) -> int | None:
         return None  # as when the same write id is committed twice
 
+    def runs_needed(self, state: QueueState) -> list[RunAt]:
+        return [*state.key_runs_of(self.queue)]
+
 
 class EnqueueRuns(Op[int | None], frozen=True):
+    produces: ClassVar[bool] = True
+
     queue: QueueName
     runs: Annotated[list[StagedRun], Meta(max_length=MAX_ITEMS)]
     write_id: Identifier
@@ -93,6 +112,9 @@ class EnqueueRuns(Op[int | None], frozen=True):
 
     def replay(self, state: QueueState, now: float) -> int | None:
         return None  # as when the same write id is committed twice
+
+    def runs_needed(self, state: QueueState) -> list[RunAt]:
+        return [*state.key_runs_of(self.queue)]
 
 
 # --- consuming -------------------------------------------------------------------------------
@@ -142,6 +164,8 @@ class Heartbeat(Op[list[bool]], frozen=True):
 
 
 class Ack(Op[Job], frozen=True):
+    shrinks: ClassVar[bool] = True
+
     job_id: Identifier
     token: Identifier
     outcome: Literal["done"] | RunOutcome = "done"
@@ -199,6 +223,8 @@ class Nack(Op[NackResult], frozen=True):
 
 
 class Release(Op[list[bool]], frozen=True):
+    shrinks: ClassVar[bool] = True
+
     held: Annotated[list[Held], Meta(max_length=MAX_ITEMS)]
 
     def apply(self, state: QueueState, now: float) -> list[bool]:
@@ -210,6 +236,7 @@ class Release(Op[list[bool]], frozen=True):
 
 class Expire(Op[int], frozen=True):
     latest: ClassVar[bool] = True
+    shrinks: ClassVar[bool] = True
 
     def apply(self, state: QueueState, now: float) -> int:
         return state.expire(now)
@@ -220,6 +247,8 @@ class Expire(Op[int], frozen=True):
 
 class Nothing(Op[None], frozen=True):
     """Changes nothing: its future resolves once everything submitted before it has."""
+
+    shrinks: ClassVar[bool] = True
 
     def apply(self, state: QueueState, now: float) -> None:
         return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from msgspec import Meta
 
@@ -11,7 +11,7 @@ from objq_broker.model.checks import (
     Identifier,
     QueueName,
 )
-from objq_broker.model.ops.base import Op
+from objq_broker.model.ops.base import Op, RunAt
 from objq_broker.model.records import (
     QueueConfig,
 )
@@ -21,6 +21,8 @@ from objq_broker.model.state import QueueState
 
 
 class Declare(Op[bool], frozen=True):
+    produces: ClassVar[bool] = True
+
     queue: QueueName
     config: QueueConfig | None = None
 
@@ -32,6 +34,8 @@ class Declare(Op[bool], frozen=True):
 
 
 class Configure(Op[QueueConfig], frozen=True):
+    produces: ClassVar[bool] = True
+
     queue: QueueName
     changes: dict[str, int | float | None]
 
@@ -43,20 +47,30 @@ class Configure(Op[QueueConfig], frozen=True):
 
 
 class Purge(Op[int], frozen=True):
+    shrinks: ClassVar[bool] = True
+
     queue: QueueName
 
     def apply(self, state: QueueState, now: float) -> int:
         return state.purge(self.queue)
+
+    def runs_needed(self, state: QueueState) -> list[RunAt]:
+        return [*state.runs_of(self.queue)]
 
     def replay(self, state: QueueState, now: float) -> int:
         return 0
 
 
 class DeleteQueue(Op[int], frozen=True):
+    shrinks: ClassVar[bool] = True
+
     queue: QueueName
 
     def apply(self, state: QueueState, now: float) -> int:
         return state.delete_queue(self.queue)
+
+    def runs_needed(self, state: QueueState) -> list[RunAt]:
+        return [*state.runs_of(self.queue), *state.dead_runs_of(self.queue)]
 
     def replay(self, state: QueueState, now: float) -> int:
         return 0
@@ -66,22 +80,32 @@ class DeleteQueue(Op[int], frozen=True):
 
 
 class RetryDead(Op[list[str]], frozen=True):
+    produces: ClassVar[bool] = True
+
     queue: QueueName
     ids: Annotated[list[Identifier], Meta(max_length=MAX_ITEMS)] | None = None
 
     def apply(self, state: QueueState, now: float) -> list[str]:
         return state.retry_dead(self.queue, self.ids, now)
 
+    def runs_needed(self, state: QueueState) -> list[RunAt]:
+        return [*state.dead_runs_of(self.queue)]
+
     def replay(self, state: QueueState, now: float) -> list[str]:
         return []
 
 
 class PurgeDead(Op[int], frozen=True):
+    shrinks: ClassVar[bool] = True
+
     queue: QueueName
     ids: Annotated[list[Identifier], Meta(max_length=MAX_ITEMS)] | None = None
 
     def apply(self, state: QueueState, now: float) -> int:
         return state.purge_dead(self.queue, self.ids)
+
+    def runs_needed(self, state: QueueState) -> list[RunAt]:
+        return [*state.dead_runs_of(self.queue)]
 
     def replay(self, state: QueueState, now: float) -> int:
         return 0

@@ -12,7 +12,7 @@ from objq_broker.model.checks import (
     QueueName,
     WriteRate,
 )
-from objq_broker.model.ops.base import Op, Read
+from objq_broker.model.ops.base import Op, Read, RunAt
 from objq_broker.model.records import (
     Job,
     JobState,
@@ -53,6 +53,9 @@ class FindJob(Read[tuple[JobState, Job] | None], frozen=True):
     def apply(self, state: QueueState, now: float) -> tuple[JobState, Job] | None:
         return state.find(self.job_id, now)
 
+    def runs_needed(self, state: QueueState) -> list[RunAt]:
+        return [*state.runs_of(None), *state.dead_runs_of(None)]  # in any queue
+
 
 class ListJobs(Read[list[tuple[JobState, Job]]], frozen=True):
     queue: QueueName
@@ -62,12 +65,21 @@ class ListJobs(Read[list[tuple[JobState, Job]]], frozen=True):
     def apply(self, state: QueueState, now: float) -> list[tuple[JobState, Job]]:
         return state.list_jobs(self.queue, now, self.state, self.limit)
 
+    def runs_needed(self, state: QueueState) -> list[RunAt]:
+        found: list[RunAt] = []
+        found += state.runs_of(self.queue) if self.state != "dead" else []
+        found += state.dead_runs_of(self.queue) if self.state in (None, "dead") else []
+        return found
+
 
 class DeadLetters(Read[list[Job]], frozen=True):
     queue: QueueName
 
     def apply(self, state: QueueState, now: float) -> list[Job]:
         return state.dead_letters(self.queue)
+
+    def runs_needed(self, state: QueueState) -> list[RunAt]:
+        return [*state.dead_runs_of(self.queue)]
 
 
 class SetWriteBudget(Op[float | None], frozen=True):

@@ -4,7 +4,7 @@ operations on the broker record, and the runs a batch of operations needs read."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Union
 
 import msgspec
 from msgspec import Meta
@@ -15,47 +15,12 @@ from objq_broker.model.checks import (
     Identifier,
     Seq,
 )
-from objq_broker.model.ops.base import Op
-from objq_broker.model.ops.jobs import (
-    Ack,
-    Claim,
-    Enqueue,
-    EnqueueRuns,
-    EnqueueStaged,
-    Expire,
-    Heartbeat,
-    Nack,
-    NoteOutcome,
-    Nothing,
-    Release,
-)
-from objq_broker.model.ops.queues import (
-    Configure,
-    Declare,
-    DeleteQueue,
-    Purge,
-    PurgeDead,
-    RetryDead,
-)
-from objq_broker.model.ops.reading import (
-    DeadLetters,
-    FindJob,
-    GetConfig,
-    ListJobs,
-    QueueNames,
-    SetWriteBudget,
-    Stats,
-    Workers,
-    WriteBudget,
-)
-from objq_broker.model.records import (
-    SESSION_TTL_SECONDS,
-    BrokerRecord,
-    KeyRunRef,
-    RunRef,
-)
+
+# Imported for their operations, which must all be declared before the union below is built.
+from objq_broker.model.ops import jobs, queues, reading  # noqa: F401
+from objq_broker.model.ops.base import Op, RunAt, sendable
+from objq_broker.model.records import SESSION_TTL_SECONDS, BrokerRecord
 from objq_broker.model.state import QueueState
-from objq_broker.model.values import NewJob
 
 # --- the elected broker ----------------------------------------------------------------------
 
@@ -66,6 +31,7 @@ class TakeBroker(Op[BrokerRecord], frozen=True):
     same broker die, only one wins."""
 
     latest: ClassVar[bool] = True
+    sent: ClassVar[bool] = False
 
     record: BrokerRecord
     after: int | None
@@ -91,6 +57,9 @@ class ResignBroker(Op[bool], frozen=True):
     """Clear the broker record if ``epoch`` still holds it (a broker shutting down), so the
     next process to look takes over at once instead of waiting for it to be found gone."""
 
+    sent: ClassVar[bool] = False
+    shrinks: ClassVar[bool] = True
+
     epoch: int
 
     def apply(self, state: QueueState, now: float) -> bool:
@@ -107,35 +76,8 @@ class ResignBroker(Op[bool], frozen=True):
 
 # --- sessions --------------------------------------------------------------------------------
 
-#: Every operation, for decoding one sent by another process.
-ANY_OP: Any = (
-    Declare
-    | Configure
-    | Purge
-    | DeleteQueue
-    | Enqueue
-    | EnqueueStaged
-    | EnqueueRuns
-    | Claim
-    | Heartbeat
-    | Ack
-    | NoteOutcome
-    | Nack
-    | Release
-    | Expire
-    | Nothing
-    | RetryDead
-    | PurgeDead
-    | QueueNames
-    | GetConfig
-    | Stats
-    | FindJob
-    | ListJobs
-    | DeadLetters
-    | SetWriteBudget
-    | WriteBudget
-    | Workers
-)
+#: Every operation a broker client may send, for decoding one sent by another process.
+ANY_OP: Any = Union[tuple(sendable())]  # noqa: UP007 (a union of types known at run time)
 
 #: What each operation of a session did: its result, or the error that refused it alone.
 Outcomes = list[tuple[bool, Any]]
@@ -148,6 +90,8 @@ class Session(Op[Outcomes], frozen=True):
     request of each client that changed anything, so a request sent again (its broker died
     before answering; the client found another) is answered with each operation's
     :meth:`~Op.replay` instead of being applied twice."""
+
+    sent: ClassVar[bool] = False
 
     client: Identifier
     seq: Seq
@@ -190,61 +134,24 @@ def _outcome(run: Any, state: QueueState, now: float) -> tuple[bool, Any]:
         return False, exc
 
 
-def runs_needed(
-    state: QueueState, ops: Sequence[Op[Any]], now: float
-) -> list[tuple[str, RunRef | KeyRunRef]]:
+def runs_needed(state: QueueState, ops: Sequence[Op[Any]], now: float) -> list[RunAt]:
     """The runs (as (queue, ref)) that applying ``ops`` to ``state`` at ``now`` may read: what
     the engine has read (or reads) before applying a batch, so the model stays pure. Timed runs
     with jobs due and dead runs with dead letters past retention are always among them: every
     commit promotes or drops those."""
-    found: list[tuple[str, RunRef | KeyRunRef]] = [
-        *state.due_runs(now),
-        *state.expired_dead_runs(now),
-    ]
+    found: list[RunAt] = [*state.due_runs(now), *state.expired_dead_runs(now)]
     for queue in state.expiring(now):  # deleted by this commit's housekeeping
         found += [*state.runs_of(queue), *state.dead_runs_of(queue)]
     claims: dict[str, int] = {}
     for op in _flat(ops):
-        if isinstance(op, Claim):
+        if isinstance(op, jobs.Claim):  # the claims of one queue read as far as they take together
             for name in op.queues:
                 claims[name] = claims.get(name, 0) + len(op.tokens)
         else:
-            found += _looked_into(state, op)
+            found += op.runs_needed(state)
     for name, n in claims.items():
         found += state.runs_to_claim(name, n)
     return list({ref.key: (queue, ref) for queue, ref in found}.values())
-
-
-def _looked_into(state: QueueState, op: Op[Any]) -> list[tuple[str, RunRef | KeyRunRef]]:
-    """The runs ``op`` (not a claim) reads, besides those every commit reads."""
-    found: list[tuple[str, RunRef | KeyRunRef]] = []
-    if isinstance(op, Purge):
-        found += state.runs_of(op.queue)
-    elif isinstance(op, DeleteQueue | FindJob):
-        queue = op.queue if isinstance(op, DeleteQueue) else None
-        found += [*state.runs_of(queue), *state.dead_runs_of(queue)]
-    elif isinstance(op, ListJobs):
-        found += state.runs_of(op.queue) if op.state != "dead" else []
-        found += state.dead_runs_of(op.queue) if op.state in (None, "dead") else []
-    elif isinstance(op, DeadLetters | RetryDead | PurgeDead):
-        found += state.dead_runs_of(op.queue)
-    elif isinstance(op, EnqueueStaged | EnqueueRuns):
-        found += state.key_runs_of(op.queue)
-    elif isinstance(op, Enqueue):
-        found += _keyed_enqueue_runs(state, op.items)
-    return found
-
-
-def _keyed_enqueue_runs(
-    state: QueueState, items: list[NewJob]
-) -> list[tuple[str, RunRef | KeyRunRef]]:
-    """An idempotency key may be in its queue's key runs. The backlog is never read for it: a
-    duplicate whose first job left the head is answered by that job's id, described from the
-    request (reading a deep queue's runs for it would cost the whole backlog in memory)."""
-    found: list[tuple[str, RunRef | KeyRunRef]] = []
-    for queue in {item.queue for item in items if item.key is not None}:
-        found += state.key_runs_of(queue)
-    return found
 
 
 def _flat(ops: Sequence[Op[Any]]) -> list[Op[Any]]:

@@ -7,17 +7,16 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from celery.exceptions import ImproperlyConfigured
 
 from objq_broker.errors import ConfigurationError, InvalidKey, redacted
+from objq_broker.model.settings import option_names, read_settings
 from objq_broker.results.store import DEFAULT_PREFIX, ResultStore
 from objq_broker.storage import open_store
 
-#: ``result_backend_transport_options`` this backend reads (``global_keyprefix`` is Celery's).
-ACCEPTED_OPTIONS = frozenset({"url", "prefix", "store_options", "global_keyprefix"})
 #: ``result_backend`` values that name no storage (it then comes from the ``url`` option).
 _BARE = ("objq://", "objq:///", "objq:")
 _FORM = (
@@ -32,24 +31,32 @@ class BackendConfigurationError(ConfigurationError, ImproperlyConfigured):  # ty
     Celery's ``ImproperlyConfigured``, so either may be caught."""
 
 
-@dataclass(frozen=True)
-class BackendSettings:
-    """Where the results of one Celery app live."""
+class BackendSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where the results of one Celery app live: its ``result_backend_transport_options``,
+    with ``url`` the storage URL found in ``result_backend`` when that names one."""
 
-    url: str  # the storage URL, without the objq+ scheme
+    #: The storage URL, without the objq+ scheme.
+    url: str = ""
+    #: Where under the store the results go.
     prefix: str = DEFAULT_PREFIX
-    store_options: dict[str, Any] = field(default_factory=dict)
+    #: Keyword options for the storage adapter.
+    store_options: dict[str, Any] = {}
+    #: Celery's own (the key prefix its other backends put before every key).
+    global_keyprefix: Any = None
+
+
+#: ``result_backend_transport_options`` this backend reads.
+ACCEPTED_OPTIONS = option_names(BackendSettings)
 
 
 def backend_settings(url: str | None, options: Mapping[str, Any]) -> BackendSettings:
     """The settings from the URL Celery found after ``objq+`` (None with the class-path form)
     and ``result_backend_transport_options``."""
-    unknown = sorted(set(options) - ACCEPTED_OPTIONS)
-    if unknown:
-        raise BackendConfigurationError(
-            f"result_backend_transport_options: unknown option(s) {', '.join(unknown)}; "
-            f"accepted: {', '.join(sorted(ACCEPTED_OPTIONS))}"
-        )
+    try:
+        set_options = {name: value for name, value in options.items() if value is not None}
+        read = read_settings(BackendSettings, set_options, where="result_backend_transport_options")
+    except ConfigurationError as exc:
+        raise BackendConfigurationError(str(exc)) from None
     given = _storage_url(url)
     in_options = options.get("url")
     if given and in_options:
@@ -58,22 +65,12 @@ def backend_settings(url: str | None, options: Mapping[str, Any]) -> BackendSett
             f"in result_backend_transport_options['url'] ({redacted(str(in_options))!r}); "
             "expected one of them"
         )
-    chosen = given or in_options
-    if not isinstance(chosen, str) or not chosen:
+    chosen = given or read.url
+    if not chosen:
         raise BackendConfigurationError(
             f"result backend: expected a storage URL, as {_FORM}; found {chosen!r}"
         )
-    prefix, store_options = options.get("prefix", DEFAULT_PREFIX), options.get("store_options", {})
-    if not isinstance(prefix, str):
-        raise BackendConfigurationError(
-            f"result_backend_transport_options['prefix']: expected a string, found {prefix!r}"
-        )
-    if not isinstance(store_options, Mapping):
-        raise BackendConfigurationError(
-            "result_backend_transport_options['store_options']: expected a dict of storage "
-            f"options, found {store_options!r}"
-        )
-    return BackendSettings(chosen, prefix, dict(store_options))
+    return msgspec.structs.replace(read, url=chosen)
 
 
 def _storage_url(url: str | None) -> str | None:

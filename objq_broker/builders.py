@@ -1,6 +1,6 @@
 """Building operations from what a caller passed: the one place where API arguments are
 checked, shared by :class:`~objq_broker.queue.Queue` and :class:`~objq_broker.aio.AsyncQueue`
-so the two cannot drift.
+so the two cannot drift. Each builder returns one operation of :mod:`objq_broker.model.ops`.
 
 Every builder checks types and ranges (with msgspec's constraints, see
 :mod:`objq_broker.model.checks`) and raises :class:`~objq_broker.errors.ConfigurationError`
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,6 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from objq_broker.errors import ConfigurationError, storable_text
-from objq_broker.model import ops
 from objq_broker.model.checks import (
     MAX_ITEMS,
     Attempts,
@@ -37,6 +37,27 @@ from objq_broker.model.checks import (
     checked,
     cut_text,
     shown,
+)
+from objq_broker.model.ops import (
+    Ack,
+    Claim,
+    Configure,
+    Declare,
+    DeleteQueue,
+    Enqueue,
+    EnqueueRuns,
+    EnqueueStaged,
+    FindJob,
+    Heartbeat,
+    ListJobs,
+    Nack,
+    NoteOutcome,
+    Purge,
+    PurgeDead,
+    Release,
+    RetryDead,
+    SetWriteBudget,
+    Stats,
 )
 from objq_broker.model.records import Job, JobState, QueueConfig, RunOutcome, encode_payload
 from objq_broker.model.values import NewJob, StagedBodies, StagedRun, settings_of
@@ -143,6 +164,10 @@ class _Ids(msgspec.Struct, frozen=True):
     ids: Annotated[list[Identifier], msgspec.Meta(max_length=MAX_ITEMS)] | None = None
 
 
+class _JobId(msgspec.Struct, frozen=True):
+    job_id: Identifier
+
+
 class _Held(msgspec.Struct, frozen=True):
     job_id: Identifier
     token: Identifier
@@ -162,34 +187,34 @@ def queue_name(queue: object, what: str = "queue") -> str:
 # --- queues ----------------------------------------------------------------------------------
 
 
-def declare(queue: str, config: Mapping[str, Any]) -> ops.Declare:
+def declare(queue: str, config: Mapping[str, Any]) -> Declare:
     where = f"declare {shown(queue, 80)}"
     name = queue_name(queue, where)
     settings = settings_of(name, QueueConfig(), dict(config)) if config else None
-    return ops.Declare(name, settings)
+    return Declare(name, settings)
 
 
-def configure(queue: str, changes: Mapping[str, Any]) -> ops.Configure:
+def configure(queue: str, changes: Mapping[str, Any]) -> Configure:
     name = queue_name(queue, f"configure {shown(queue, 80)}")
     settings_of(name, QueueConfig(), dict(changes))  # checked now, applied to the stored ones
-    return ops.Configure(name, dict(changes))
+    return Configure(name, dict(changes))
 
 
 class _Budget(msgspec.Struct, frozen=True):
     writes_per_second: WriteRate | None
 
 
-def set_write_budget(writes_per_second: float | None) -> ops.SetWriteBudget:
+def set_write_budget(writes_per_second: float | None) -> SetWriteBudget:
     args = checked({"writes_per_second": writes_per_second}, _Budget, "write budget")
-    return ops.SetWriteBudget(args.writes_per_second)
+    return SetWriteBudget(args.writes_per_second)
 
 
-def purge(queue: str) -> ops.Purge:
-    return ops.Purge(queue_name(queue, "purge"))
+def purge(queue: str) -> Purge:
+    return Purge(queue_name(queue, "purge"))
 
 
-def delete_queue(queue: str) -> ops.DeleteQueue:
-    return ops.DeleteQueue(queue_name(queue, "delete_queue"))
+def delete_queue(queue: str) -> DeleteQueue:
+    return DeleteQueue(queue_name(queue, "delete_queue"))
 
 
 # --- producing -------------------------------------------------------------------------------
@@ -214,7 +239,7 @@ def enqueue(
     max_attempts: int | None = None,
     keys: Sequence[str | None] | None = None,
     to_declared: bool = False,
-) -> ops.Enqueue:
+) -> Enqueue:
     """``to_declared``: add nothing if the queue does not exist (a routed message whose
     binding outlived its queue); otherwise the queue is declared by this first use."""
     where = f"enqueue to {shown(queue, 80)}"
@@ -243,7 +268,7 @@ def enqueue(
         )
     if keys is not None and len(keys) != len(items):
         raise ConfigurationError(f"{where}: {len(items)} payloads but {len(keys)} keys")
-    return ops.Enqueue(items, to_declared)
+    return Enqueue(items, to_declared)
 
 
 def enqueue_staged(
@@ -254,14 +279,14 @@ def enqueue_staged(
     priority: int = 0,
     delay: Delay = None,
     max_attempts: int | None = None,
-) -> ops.EnqueueStaged:
+) -> EnqueueStaged:
     where = f"staged enqueue to {shown(queue, 80)}"
     args = _enqueue_args(queue, priority, delay, max_attempts, where)
     items = [checked(msgspec.structs.asdict(item), StagedBodies, where) for item in staged]
     total = sum(item.count for item in items)
     base = uuid.uuid4().hex[:20]  # ids made before submitting: a replay is identical
     ids = [f"{base}{n:012x}" for n in range(total)]
-    return ops.EnqueueStaged(
+    return EnqueueStaged(
         args.queue,
         items,
         ids,
@@ -272,9 +297,9 @@ def enqueue_staged(
     )
 
 
-def enqueue_runs(queue: str, runs: Sequence[StagedRun], *, write_id: str) -> ops.EnqueueRuns:
+def enqueue_runs(queue: str, runs: Sequence[StagedRun], *, write_id: str) -> EnqueueRuns:
     where = f"staged runs for {shown(queue, 80)}"
-    return ops.EnqueueRuns(
+    return EnqueueRuns(
         queue_name(queue, where),
         [checked(msgspec.structs.asdict(run), StagedRun, where) for run in runs],
         checked({"key": write_id}, _Key, f"{where}: write_id").key or "",
@@ -286,7 +311,7 @@ def enqueue_runs(queue: str, runs: Sequence[StagedRun], *, write_id: str) -> ops
 
 def claim(
     queues: Sequence[str], n: int, *, lease: Delay = None, owner: str, strict: bool = False
-) -> ops.Claim:
+) -> Claim:
     """``strict``: refuse a queue that is not declared (``QueueNotFound``)."""
     where = f"claim from {shown(list(queues), 120)}"
     args = checked(
@@ -302,15 +327,24 @@ def claim(
     # One random base per claim: a delay-queue consumer may ask for thousands at a time.
     base = uuid.uuid4().hex
     tokens = [f"{base}.{i}" for i in range(args.n)]
-    return ops.Claim(args.queues, tokens, args.owner, args.lease, strict)
+    return Claim(args.queues, tokens, args.owner, args.lease, strict)
 
 
 def _lease(lease: Delay, where: str) -> float | None:
     return checked({"lease": seconds(lease, f"{where}: lease")}, _LeaseArg, where).lease
 
 
-def heartbeat(held: Sequence[Delivery], *, lease: Delay = None) -> ops.Heartbeat:
-    return ops.Heartbeat([_held(d, "heartbeat") for d in held], _lease(lease, "heartbeat"))
+def heartbeat(held: Sequence[Delivery], *, lease: Delay = None) -> Heartbeat:
+    return Heartbeat([_held(d, "heartbeat") for d in held], _lease(lease, "heartbeat"))
+
+
+def heartbeat_interval(deliveries: Sequence[Delivery], every: float | None) -> float:
+    """How often to extend these leases: a third of what is left of the first one."""
+    if every is not None:
+        return every
+    lease = deliveries[0].job.lease if deliveries else None
+    span = (lease.expires_at - time.time()) if lease is not None else 30.0
+    return max(span / 3.0, 0.05)
 
 
 def _held(delivery: Delivery, where: str) -> tuple[str, str]:
@@ -321,27 +355,27 @@ def _held(delivery: Delivery, where: str) -> tuple[str, str]:
     return held.job_id, held.token
 
 
-def ack(delivery: Delivery, *, outcome: str = "done", error: str | None = None) -> ops.Ack:
+def ack(delivery: Delivery, *, outcome: str = "done", error: str | None = None) -> Ack:
     where = f"ack of {shown(delivery.id, 80)}"
     args = checked({"outcome": outcome, "error": error}, _AckArgs, where)
     job_id, token = _held(delivery, where)
-    return ops.Ack(job_id, token, args.outcome, _storable(args.error))
+    return Ack(job_id, token, args.outcome, _storable(args.error))
 
 
 def note_outcome(
     job_id: str, queue: str, outcome: str, error: str | None, token: str
-) -> ops.NoteOutcome:
+) -> NoteOutcome:
     args = checked(
         {"job_id": job_id, "queue": queue, "token": token, "outcome": outcome, "error": error},
         _NoteArgs,
         "note_outcome",
     )
-    return ops.NoteOutcome(args.job_id, args.queue, args.token, args.outcome, _storable(args.error))
+    return NoteOutcome(args.job_id, args.queue, args.token, args.outcome, _storable(args.error))
 
 
 def nack(
     delivery: Delivery, *, error: str | None = None, retry: bool = True, delay: Delay = None
-) -> ops.Nack:
+) -> Nack:
     where = f"nack of {shown(delivery.id, 80)}"
     args = checked(
         {"error": error, "retry": retry, "delay": seconds(delay, f"{where}: delay")},
@@ -349,7 +383,7 @@ def nack(
         where,
     )
     job_id, token = _held(delivery, where)
-    return ops.Nack(job_id, token, _storable(args.error), args.retry, _rng.random(), args.delay)
+    return Nack(job_id, token, _storable(args.error), args.retry, _rng.random(), args.delay)
 
 
 def _storable(error: str | None) -> str | None:
@@ -361,8 +395,8 @@ def _storable(error: str | None) -> str | None:
     return None if error is None else cut_text(storable_text(cut_text(error)))
 
 
-def release(held: Sequence[Delivery]) -> ops.Release:
-    return ops.Release([_held(d, "release") for d in held])
+def release(held: Sequence[Delivery]) -> Release:
+    return Release([_held(d, "release") for d in held])
 
 
 # --- dead letters and reading ----------------------------------------------------------------
@@ -373,22 +407,22 @@ def _ids(ids: Sequence[str] | None, where: str) -> list[str] | None:
     return checked({"ids": given}, _Ids, where).ids
 
 
-def retry_dead(queue: str, ids: Sequence[str] | None) -> ops.RetryDead:
-    return ops.RetryDead(queue_name(queue, "retry_dead"), _ids(ids, "retry_dead"))
+def retry_dead(queue: str, ids: Sequence[str] | None) -> RetryDead:
+    return RetryDead(queue_name(queue, "retry_dead"), _ids(ids, "retry_dead"))
 
 
-def purge_dead(queue: str, ids: Sequence[str] | None) -> ops.PurgeDead:
-    return ops.PurgeDead(queue_name(queue, "purge_dead"), _ids(ids, "purge_dead"))
+def purge_dead(queue: str, ids: Sequence[str] | None) -> PurgeDead:
+    return PurgeDead(queue_name(queue, "purge_dead"), _ids(ids, "purge_dead"))
 
 
-def find_job(job_id: str) -> ops.FindJob:
-    return ops.FindJob(checked({"job_id": job_id, "token": "-"}, _Held, "job").job_id)
+def find_job(job_id: str) -> FindJob:
+    return FindJob(checked({"job_id": job_id}, _JobId, "job").job_id)
 
 
-def stats(queues: Sequence[str]) -> ops.Stats:
-    return ops.Stats([queue_name(name, "stats") for name in queues])
+def stats(queues: Sequence[str]) -> Stats:
+    return Stats([queue_name(name, "stats") for name in queues])
 
 
-def list_jobs(queue: str, state: str | None, limit: int | None) -> ops.ListJobs:
+def list_jobs(queue: str, state: str | None, limit: int | None) -> ListJobs:
     args = checked({"queue": queue, "state": state, "limit": limit}, _ListArgs, "jobs")
-    return ops.ListJobs(args.queue, args.state, args.limit)
+    return ListJobs(args.queue, args.state, args.limit)
