@@ -59,15 +59,16 @@ class Batcher(Generic[P]):
 
     def take_alone(self, item: P) -> bool:
         """Let the caller work on ``item`` itself, as a batch of one, when nothing else is
-        pending or being worked on (True: it must call :meth:`done` after); else queue it
-        (:meth:`add`). Call holding :attr:`cv`. Nobody waits to join a batch then, so a
-        hand-off to the worker thread and back would only add two thread switches."""
-        if self.pending or self.busy or self.closing:
+        pending or being worked on and the last batch had no other caller (True: it must call
+        :meth:`done` after); else queue it (:meth:`add`). Call holding :attr:`cv`. Nobody is
+        waiting to join a batch then, so a hand-off to the worker thread and back would only
+        add two thread switches; with several callers about, the worker lingers for them as
+        before, so batches stay as full."""
+        if self.pending or self.busy or self.closing or self._expected > 1:
             self.add(item)
             return False
         self.busy = True
-        self._taken = 1
-        self._callers = max(self._callers, 1)
+        self._taken = self._callers = 1
         self._start()  # the worker still keeps the idle ticks
         return True
 
