@@ -178,7 +178,7 @@ class ElectedCommitter(BrokerRouting):
         thread switches."""
         future: Future[T] = Future()
         with self._batcher.cv:
-            if self._closing:
+            if self._batcher.closing:
                 raise QueueClosed(f"the queue for {self.store.url} is closed")
             alone = self._batcher.take_alone((op, future))
         if alone:

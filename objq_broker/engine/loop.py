@@ -153,18 +153,19 @@ class CommitLoop:
             while batcher.busy or not batcher.pending:
                 if batcher.closing and not batcher.pending and not batcher.busy:
                     return None
-                tick = self._idle_tick if self._consumer and not batcher.busy else None
+                tick = None
+                if self._consumer and not batcher.busy:
+                    # An idle tick after the last commit, whoever made it (callers commit
+                    # their own ops too, expiring leases as they do).
+                    tick = max(self._committed_at + self._idle_tick - time.monotonic(), 0.0)
                 woken = batcher.cv.wait(tick)
                 if tick is None or woken or batcher.busy or batcher.pending:
                     continue
-                if time.monotonic() - self._committed_at < tick:
-                    continue  # callers committed meanwhile, expiring leases as they did
                 # Idle tick: expire stale leases. Each costs a read in direct mode, so they
                 # grow sparser while nothing happens (claims expire leases too).
                 self._idle_tick = min(self._idle_tick * 2, MAX_IDLE_TICK_SECONDS)
                 batcher.begin()
                 return []
-            self._idle_tick = self.idle_tick_seconds
             self._linger()
             self._keep_to_budget()
             return batcher.take()
@@ -226,6 +227,8 @@ class CommitLoop:
 
     def _commit(self, batch: list[Pending]) -> None:
         started = time.monotonic()
+        if batch:  # work, by the writer or a caller: idle ticks start over at their shortest
+            self._idle_tick = self.idle_tick_seconds
         if any(op.consumer for op in batch):
             self._consumer = True
         live = [op for op in batch if op.future.set_running_or_notify_cancel()]
