@@ -35,10 +35,12 @@ class StateTooLarge(Exception):
     the batch and tries again). ``producers_only``: it is within the limit, in the share kept
     for consumers, so only what produces is refused."""
 
-    def __init__(self, size: int, limit: int) -> None:
+    def __init__(self, size: int, limit: int, before: int = 0) -> None:
         self.producers_only = size <= limit
         #: How many bytes too many: down to the share producers may fill.
         self.excess = size - int(limit * (1 - CONSUMERS_SHARE))
+        #: How many bytes the try added to the state as it was read (or written) last.
+        self.grown = size - before
         over = (
             f"in the last {CONSUMERS_SHARE:.0%} of max_state_bytes {limit}, kept for consumers"
             if self.producers_only
@@ -47,13 +49,16 @@ class StateTooLarge(Exception):
         super().__init__(f"the state would be {size} bytes, {over}")
 
 
-def check_size(size: int, limit: int, results: list[tuple[Pending, bool, Any]]) -> None:
-    """Raise :class:`StateTooLarge` when a state of ``size`` bytes may not be stored with
-    the operations of ``results`` (as a try applied them)."""
+def check_size(
+    size: int, limit: int, results: list[tuple[Pending, bool, Any]], before: int = 0
+) -> None:
+    """Raise :class:`StateTooLarge` when a state of ``size`` bytes (``before`` as last read
+    or written) may not be stored with the operations of ``results`` (as a try applied
+    them)."""
     if size <= limit * (1 - CONSUMERS_SHARE):
         return
     if size > limit or any(_produces(op) for op in _flat(results)):
-        raise StateTooLarge(size, limit)
+        raise StateTooLarge(size, limit, before)
 
 
 #: Where an operation is: its index in the batch, and in its session (None: not in one).
@@ -108,13 +113,18 @@ def _largest(live: list[Pending], too_large: StateTooLarge) -> list[_Place]:
         inner = list(enumerate(op.ops)) if isinstance(op, Session) else [(None, op)]
         candidates += [(_weight(one), (index, at)) for at, one in inner if refusable(one)]
     candidates.sort(key=lambda found: found[0], reverse=True)
+    # An operation adds more than it carries (each job's id, times and attempts besides its
+    # payload), so the weights are scaled to what the try measured it grew by: counted at
+    # face value, the few large operations would seem too light to cover the excess, and the
+    # small ones behind them would be refused with them.
+    scale = max(1.0, too_large.grown / max(1, sum(weight for weight, _ in candidates)))
     chosen: list[_Place] = []
-    carried = 0
+    carried = 0.0
     for weight, place in candidates:
         if chosen and carried >= too_large.excess:
             break
         chosen.append(place)
-        carried += weight
+        carried += weight * scale
     return chosen
 
 

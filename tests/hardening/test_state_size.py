@@ -13,6 +13,8 @@ import pytest
 
 from objq_broker import Queue, builders
 from objq_broker.broker.elected import ElectedCommitter
+from objq_broker.engine.batch import Pending
+from objq_broker.engine.oversize import StateTooLarge, refuse_largest
 from objq_broker.builders import Delivery
 from objq_broker.errors import StateFull
 
@@ -110,3 +112,24 @@ def test_a_session_through_the_broker_loses_only_its_overfilling_operation(
         assert isinstance(flood, StateFull), flood
         assert not isinstance(before, Exception) and not isinstance(after, Exception)
         assert sorted(job.payload for _, job in leader.jobs("q")) == [b"after", b"before"]
+
+
+def test_several_floods_in_one_batch_are_refused_and_no_small_operation_with_them() -> None:
+    # Given a try whose state grew far past the limit, nearly all of it from four floods,
+    # each adding more to the state than it carries (each job's times and attempts: four
+    # such floods measured 257 bytes a job in the state, 240 in the operation)
+    floods = [Pending.of(builders.enqueue("q", [BODY] * TOO_MANY), Future()) for _ in range(4)]
+    good = [Pending.of(builders.enqueue("q", [f"good {n}".encode()]), Future()) for n in range(10)]
+    live = [good[0], *floods[:2], *good[1:], *floods[2:]]
+    before = 2_000
+    grown = 4 * TOO_MANY * 257 + 10 * 257
+    too_large = StateTooLarge(before + grown, LIMIT, before)
+
+    # When the loop refuses what grew it
+    refused = refuse_largest(live, too_large, "file:///ns")
+
+    # Then the four floods are refused, each with its error, and every small enqueue stays
+    assert refused == 4
+    assert live == good
+    assert all(isinstance(p.future.exception(timeout=0), StateFull) for p in floods)
+    assert not any(p.future.done() for p in good)
