@@ -13,8 +13,9 @@ one sender thread takes whatever operations are pending, numbers them as one
 * **Direct**: no broker can be had (``client`` mode with none reachable): the session is
   committed by compare-and-set, as with no broker at all.
 
-Which route, and electing, following and failing over to find it, is the layer below
-(:mod:`~objq_broker.broker.routing`); this module batches, sends and answers sessions.
+Which route, and electing, following and failing over to find it, is the part it holds
+(:class:`~objq_broker.broker.routing.BrokerRouting`); this module batches, sends and answers
+sessions.
 
 When the broker cannot be reached, the same session is sent again, to it or to whoever holds the
 record next, or committed directly: the state remembers each client's last applied session,
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import itertools
 import logging
 import os
@@ -43,21 +43,20 @@ from typing import Any, TypeVar
 import msgspec
 
 from objq_broker.broker import wire
-from objq_broker.broker.client import BrokerLink
 from objq_broker.broker.keys import require_token
 from objq_broker.broker.parking import LANE_STRIDE
-from objq_broker.broker.routing import BrokerRouting
+from objq_broker.broker.routing import CANNOT_WAIT, BrokerRouting
 from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.base import DEFAULT_COMMIT_DEADLINE_SECONDS
 from objq_broker.engine.batch import EngineMetrics
 from objq_broker.engine.batcher import Batcher
+from objq_broker.engine.bodies import BodyCache
+from objq_broker.engine.commit import Engine
 from objq_broker.errors import (
     BrokerUnreachable,
     ConfigurationError,
-    ObjqError,
     QueueClosed,
     RequestRefused,
-    WriterFenced,
 )
 from objq_broker.model.checks import MAX_SESSION_OPS
 from objq_broker.model.ops import (
@@ -65,10 +64,9 @@ from objq_broker.model.ops import (
     Nothing,
     Op,
     Outcomes,
-    ResignBroker,
     Session,
 )
-from objq_broker.model.records import Job
+from objq_broker.model.records import BrokerRecord, Job
 from objq_broker.model.tally import job_events
 from objq_broker.storage.base import ObjectStore
 
@@ -82,8 +80,9 @@ MAX_SESSION_PAYLOAD_BYTES = wire.MAX_REQUEST_BYTES // 4
 SESSION_LINGER_MAX_SECONDS = 0.005
 
 
-class ElectedCommitter(BrokerRouting):
-    """Commits through the namespace's elected broker (see the module's description).
+class ElectedCommitter:
+    """Commits through the namespace's elected broker (see the module's description): a
+    batcher of sessions and a sender thread, over the routes it holds.
 
     ``settings``: the mode and ``broker_*`` options. ``engine_options``: for the engines this
     process runs (as the broker, or directly).
@@ -99,7 +98,9 @@ class ElectedCommitter(BrokerRouting):
     ) -> None:
         _check_serving(settings)
         _open_at_exit.add(self)
-        super().__init__(
+        self.store = store
+        self.commit_deadline_seconds = commit_deadline_seconds
+        self._routes = BrokerRouting(
             store,
             settings,
             commit_deadline_seconds=commit_deadline_seconds,
@@ -125,42 +126,56 @@ class ElectedCommitter(BrokerRouting):
     def _forked(self) -> None:
         """In a child forked from the process that opened this committer: none of the
         parent's threads, sockets, engines or locks is the child's, and its broker is the
-        parent's (or another's). The child starts over as a new client of that broker, and
-        never serves (a pool child leaves with ``os._exit``, never handing the role over)."""
+        parent's (or another's). The child starts over as a new client of that broker."""
         if self._batcher.closing:  # nothing to start over; a lock held at the fork must not bite
             self._batcher = self._new_batcher()
             self._batcher.close()
             return
-        if self.settings.mode == "auto":
-            self.settings = dataclasses.replace(self.settings, mode="client")
-        self._start_routes()
+        self._routes.start_over_as_client()
         self._start_sessions()
 
     @property
     def metrics(self) -> EngineMetrics:
         """Sessions and operations this process sent, with the storage requests of the engines
         it committed them with (as the broker, those include other processes' sessions)."""
-        total = EngineMetrics(ops=self._sent.ops, batches=self._sent.batches)
-        total.add_job_events(self._sent)
-        engines = [*self._retired, self._leader, self._direct]
-        for engine in (e for e in engines if e is not None):
-            counts = engine.metrics
-            total.expired += counts.expired  # the leases its commits expired on their own
-            total.state_writes += counts.state_writes
-            total.state_reads += counts.state_reads
-            total.archive_writes += counts.archive_writes
-            total.bodies_writes += counts.bodies_writes
-            total.conflicts += counts.conflicts
-            total.storage_errors += counts.storage_errors
-            total.max_batch_ops = max(total.max_batch_ops, counts.max_batch_ops)
-            total.commit_seconds_total += counts.commit_seconds_total
-            total.commit_durations = total.commit_durations.merged(counts.commit_durations)
-        return total
+        return self._routes.metrics(self._sent)
 
     @property
-    def _patience(self) -> float:
-        """How long a call waits on the broker before asking whether it is still there."""
-        return max(self.settings.takeover_seconds, 1.0)
+    def settings(self) -> BrokerSettings:
+        """The mode and ``broker_*`` options (a forked child's ``auto`` is ``client``)."""
+        return self._routes.settings
+
+    @property
+    def bodies(self) -> BodyCache:
+        """Payload bodies kept out of the state, shared with the engines of the routes."""
+        return self._routes.bodies
+
+    @property
+    def role(self) -> str:
+        """Where the last session went: 'leader', 'follower of <address>', 'direct', or
+        'unresolved' before the first."""
+        return self._routes.role
+
+    @property
+    def record(self) -> BrokerRecord | None:
+        """The broker this process last used (its own record when it leads)."""
+        return self._routes.record
+
+    @property
+    def readied(self) -> int:
+        """A mark that moves whenever this process learns of a commit that made jobs
+        claimable (see :attr:`BrokerRouting.readied`)."""
+        return self._routes.readied
+
+    @property
+    def parked_claims(self) -> int:
+        """Claims waiting for jobs at this process, when it is the broker (0 otherwise)."""
+        return self._routes.parked_claims
+
+    @property
+    def leader_engine(self) -> Engine | None:
+        """This process's broker engine, while it leads."""
+        return self._routes.leader_engine
 
     # --- the Committer interface -----------------------------------------------------------
 
@@ -203,17 +218,18 @@ class ElectedCommitter(BrokerRouting):
         end = time.monotonic() + wait_seconds
         give_up = end + self.commit_deadline_seconds
         try:
-            while (outcomes := self._claim_once(session, end)) is None:
+            while (outcomes := self._routes.claim_at_route(session, end)) is None:
                 if time.monotonic() >= give_up:
                     raise BrokerUnreachable(
                         f"{self.store.url}: no broker took the claim within "
-                        f"{self.commit_deadline_seconds:g} s; last error: {self._last_error}"
+                        f"{self.commit_deadline_seconds:g} s; last error: "
+                        f"{self._routes.last_error}"
                     )
                 self.submit(Nothing()).result()  # the sender finds the route (fails over)
         finally:
             with self._batcher.cv:
                 self._lanes.append(lane)
-        if outcomes is _CANNOT_WAIT:
+        if outcomes is CANNOT_WAIT:
             return None
         ok, value = outcomes[0]
         if not ok:
@@ -221,28 +237,6 @@ class ElectedCommitter(BrokerRouting):
         found: list[Job] = value
         self._sent.count({"claimed": len(found)})
         return found
-
-    def _claim_once(self, session: Session, end: float) -> Outcomes | None:
-        """One try of a waiting claim on the current route; None when there is none, or it
-        failed (the sender thread must find one first); :data:`_CANNOT_WAIT` when the route
-        takes no waiting claims."""
-        left = max(end - time.monotonic(), 0.0)
-        server, leader, link = self._server, self._leader, self._link
-        try:
-            if server is not None and leader is not None and leader.fenced is None:
-                return server.park.claim(session, left)
-            if link is not None and self._unreachable_since is None:
-                return link.claim(session, left, left + self._patience) or _CANNOT_WAIT
-        except (BrokerUnreachable, WriterFenced) as exc:
-            log.info("waiting claim at %s failed, sending it again: %s", link, exc)
-            return None
-        except QueueClosed:  # this process's broker engine, closed as it stepped down
-            if self._batcher.closing:
-                raise
-            return None
-        if self._used is not None and self._used is self._direct:
-            return _CANNOT_WAIT
-        return None
 
     def _new_lane(self) -> _Lane:
         return _Lane(f"{self.client_id}.{next(self._lane_ids)}")
@@ -259,24 +253,15 @@ class ElectedCommitter(BrokerRouting):
         with self._batcher.cv:
             if self._batcher.closing:
                 return
-            self._closing = True  # the routes' flag: what is left on the way out commits here
+            self._routes.begin_closing()
             self._batcher.close()
             thread = self._batcher.thread
         if thread is not None:
             thread.join(timeout)
-        if self._leader is not None and self._leader.fenced is None:
-            with contextlib.suppress(ObjqError):
-                epoch = self._leader.epoch
-                if epoch is not None:
-                    self._leader.submit(ResignBroker(epoch)).result(timeout)
-        self._drop_leader(grace=1.0)
-        self._drop_link()
-        if self._direct is not None:
-            self._direct.close(timeout)
-        self.bodies.close()
+        self._routes.close(timeout)
 
     def on_commit(self, listener: Callable[[], None]) -> None:
-        self._listeners.append(listener)
+        self._routes.on_commit(listener)
 
     @property
     def closed(self) -> bool:
@@ -325,7 +310,7 @@ class ElectedCommitter(BrokerRouting):
                     future.set_result(value)
                 else:
                     future.set_exception(value)
-        self._notify()
+        self._routes.notify()
 
     def _send(self, ops: list[Op[Any]]) -> Outcomes:
         """Send ``ops`` as the next session and return their outcomes; every op learns why if
@@ -334,7 +319,7 @@ class ElectedCommitter(BrokerRouting):
         operation per session: the bad one fails alone, as it would in a direct commit."""
         self._seq += 1
         try:
-            return self._commit(Session(self.client_id, self._seq, ops))
+            return self._routes.commit(Session(self.client_id, self._seq, ops))
         except _REFUSED_WHOLE as exc:
             if len(ops) == 1:
                 return [(False, exc)]
@@ -371,26 +356,6 @@ class ElectedCommitter(BrokerRouting):
             max_bytes=MAX_SESSION_PAYLOAD_BYTES,
         )
 
-    def _commit(self, session: Session) -> Outcomes:
-        """Commit ``session`` by whichever route works, sending it again after a broker was
-        lost (the state's session marks make that safe)."""
-        deadline = time.monotonic() + self.commit_deadline_seconds
-        while True:
-            target = self._used = self._route(deadline)
-            started = time.monotonic()
-            try:
-                if isinstance(target, BrokerLink):
-                    # Past the takeover time, the next route asks the broker who it is: a
-                    # slow broker answers and gets the same session again; a paused one is
-                    # replaced, counting from when this request was sent.
-                    return target.apply(session, self._patience)
-                return target.call(session)
-            except WriterFenced as exc:  # that broker (maybe this process) was replaced
-                log.info("broker replaced: %s", exc)
-                self._lost(exc, since=started, fenced=True)
-            except BrokerUnreachable as exc:
-                self._lost(exc, since=started)
-
 
 def _op_size(pending: tuple[Op[Any], Future[Any]]) -> int:
     """Payload bytes of a pending operation: a session holds at most
@@ -411,10 +376,6 @@ class _Lane:
 #: refused a value, or it did not encode (a lone surrogate in a string is a
 #: ``UnicodeEncodeError``, a ``ValueError``).
 _REFUSED_WHOLE = (RequestRefused, ValueError, TypeError, msgspec.EncodeError)
-
-#: What a waiting claim gets where it cannot wait: direct commits, or an older broker.
-_CANNOT_WAIT: Outcomes = []
-
 
 #: Committers still open. A process that exits without closing its queue (Celery's
 #: ``app.close()`` leaves the transport's open) would leave its broker record behind, and every

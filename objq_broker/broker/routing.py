@@ -1,16 +1,19 @@
-"""Where a session goes: the route half of :class:`~objq_broker.broker.elected.ElectedCommitter`.
+"""Where a session goes: the routes an :class:`~objq_broker.broker.elected.ElectedCommitter` holds.
 
 A route is one of three: this process's own broker engine (it holds the broker record, and
 serves the others through :class:`~objq_broker.broker.server.BrokerServer`), a link to the
 process that holds it, or a direct engine that commits by compare-and-set. :class:`BrokerRouting`
 reads the record, follows the broker it names, asks an unreachable one who it is, takes over
 when it is gone for ``takeover_seconds`` (``auto`` mode), steps down when fenced, and relays
-the broker's commit notices to this process's claimers. The session half (batching, sending,
-waiting claims, closing) is :mod:`~objq_broker.broker.elected`.
+the broker's commit notices to this process's claimers. The committer that holds it batches
+sessions, sends them along :meth:`BrokerRouting.commit`, and waits claims at the route
+(:meth:`BrokerRouting.claim_at_route`); see :mod:`~objq_broker.broker.elected`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -25,7 +28,7 @@ from objq_broker.broker.client import BrokerLink
 from objq_broker.broker.keys import is_loopback
 from objq_broker.broker.server import BrokerServer
 from objq_broker.broker.settings import BrokerSettings
-from objq_broker.engine.batch import NOT_READIED, ReadyMark
+from objq_broker.engine.batch import NOT_READIED, EngineMetrics, ReadyMark
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.commit import Engine
 from objq_broker.engine.snapshot import Snapshot
@@ -34,10 +37,11 @@ from objq_broker.errors import (
     BrokerUnreachable,
     ConfigurationError,
     ObjqError,
+    QueueClosed,
     StorageUnavailable,
     WriterFenced,
 )
-from objq_broker.model.ops import TakeBroker
+from objq_broker.model.ops import Outcomes, ResignBroker, Session, TakeBroker
 from objq_broker.model.records import BrokerRecord
 from objq_broker.storage.base import ObjectStore
 
@@ -49,6 +53,9 @@ RETRY_PAUSE_SECONDS = 0.25
 RECORD_RECHECK_SECONDS = 1.0
 
 Target = Engine | BrokerLink
+
+#: What a waiting claim gets where it cannot wait: direct commits, or an older broker.
+CANNOT_WAIT: Outcomes = []
 
 
 def host_id() -> str:
@@ -62,8 +69,10 @@ def host_id() -> str:
 
 
 class BrokerRouting:
-    """The route-finding layer of :class:`~objq_broker.broker.elected.ElectedCommitter`:
-    what it knows of the namespace's broker, and how it elects, follows and fails over."""
+    """The routes of an :class:`~objq_broker.broker.elected.ElectedCommitter`: what it knows
+    of the namespace's broker, and how it elects, follows and fails over. It owns the engines
+    this process runs (as the broker, or directly), the server and the link, and the payload
+    bodies they share."""
 
     def __init__(
         self,
@@ -79,11 +88,19 @@ class BrokerRouting:
         self._engine_options = dict(engine_options or {})
         self._engine_options["commit_deadline_seconds"] = commit_deadline_seconds
         self._listeners: list[Callable[[], None]] = []
-        self._start_routes()
+        self._start()
 
-    def _start_routes(self) -> None:
-        """No route yet: nothing led, followed or committed directly (also in a forked child,
-        whose parent's engines, server and link are left as they are, unused)."""
+    def start_over_as_client(self) -> None:
+        """In a child forked from the process that opened these routes: none of the parent's
+        engines, server or link is the child's (they are left as they are, unused), and the
+        child never serves (a pool child leaves with ``os._exit``, never handing the role
+        over). The listeners stay."""
+        if self.settings.mode == "auto":
+            self.settings = dataclasses.replace(self.settings, mode="client")
+        self._start()
+
+    def _start(self) -> None:
+        """No route yet: nothing led, followed or committed directly."""
         self._closing = False
         self.bodies = BodyCache(self.store)
         self._told_out_of_reach = ""  # the broker record last found out of reach (said once)
@@ -135,6 +152,107 @@ class BrokerRouting:
     @property
     def leader_engine(self) -> Engine | None:
         return self._leader
+
+    @property
+    def last_error(self) -> Exception | None:
+        """Why the last route failed, if one did."""
+        return self._last_error
+
+    @property
+    def patience(self) -> float:
+        """How long a call waits on the broker before asking whether it is still there."""
+        return max(self.settings.takeover_seconds, 1.0)
+
+    def engines(self) -> list[Engine]:
+        """The engines this process has committed with: as the broker (now or before), and
+        directly."""
+        return [e for e in (*self._retired, self._leader, self._direct) if e is not None]
+
+    def metrics(self, sent: EngineMetrics) -> EngineMetrics:
+        """``sent`` (what a client sent) with the storage requests of :meth:`engines` (as
+        the broker, those include other processes' sessions)."""
+        total = EngineMetrics(ops=sent.ops, batches=sent.batches)
+        total.add_job_events(sent)
+        for engine in self.engines():
+            counts = engine.metrics
+            total.expired += counts.expired  # the leases its commits expired on their own
+            total.state_writes += counts.state_writes
+            total.state_reads += counts.state_reads
+            total.archive_writes += counts.archive_writes
+            total.bodies_writes += counts.bodies_writes
+            total.conflicts += counts.conflicts
+            total.storage_errors += counts.storage_errors
+            total.max_batch_ops = max(total.max_batch_ops, counts.max_batch_ops)
+            total.commit_seconds_total += counts.commit_seconds_total
+            total.commit_durations = total.commit_durations.merged(counts.commit_durations)
+        return total
+
+    def on_commit(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after each session's return and each commit that readied jobs."""
+        self._listeners.append(listener)
+
+    # --- sessions along the route ----------------------------------------------------------
+
+    def commit(self, session: Session) -> Outcomes:
+        """Commit ``session`` by whichever route works, sending it again after a broker was
+        lost (the state's session marks make that safe)."""
+        deadline = time.monotonic() + self.commit_deadline_seconds
+        while True:
+            target = self._used = self._route(deadline)
+            started = time.monotonic()
+            try:
+                if isinstance(target, BrokerLink):
+                    # Past the takeover time, the next route asks the broker who it is: a
+                    # slow broker answers and gets the same session again; a paused one is
+                    # replaced, counting from when this request was sent.
+                    return target.apply(session, self.patience)
+                return target.call(session)
+            except WriterFenced as exc:  # that broker (maybe this process) was replaced
+                log.info("broker replaced: %s", exc)
+                self._lost(exc, since=started, fenced=True)
+            except BrokerUnreachable as exc:
+                self._lost(exc, since=started)
+
+    def claim_at_route(self, session: Session, end: float) -> Outcomes | None:
+        """One try of a waiting claim on the current route; None when there is none, or it
+        failed (a session must find one first); :data:`CANNOT_WAIT` when the route takes no
+        waiting claims."""
+        left = max(end - time.monotonic(), 0.0)
+        server, leader, link = self._server, self._leader, self._link
+        try:
+            if server is not None and leader is not None and leader.fenced is None:
+                return server.park.claim(session, left)
+            if link is not None and self._unreachable_since is None:
+                return link.claim(session, left, left + self.patience) or CANNOT_WAIT
+        except (BrokerUnreachable, WriterFenced) as exc:
+            log.info("waiting claim at %s failed, sending it again: %s", link, exc)
+            return None
+        except QueueClosed:  # this process's broker engine, closed as it stepped down
+            if self._closing:
+                raise
+            return None
+        if self._used is not None and self._used is self._direct:
+            return CANNOT_WAIT
+        return None
+
+    def begin_closing(self) -> None:
+        """The committer is closing: what is left on the way out commits directly if the
+        broker is out of reach."""
+        self._closing = True
+
+    def close(self, timeout: float | None) -> None:
+        """Stop every route. A leader clears its record first, so the next process to need a
+        broker takes over without waiting for it to be found gone."""
+        if self._leader is not None and self._leader.fenced is None:
+            with contextlib.suppress(ObjqError):
+                epoch = self._leader.epoch
+                if epoch is not None:
+                    self._leader.submit(ResignBroker(epoch)).result(timeout)
+        self._drop_leader(grace=1.0)
+        self._drop_link()
+        if self._direct is not None:
+            self._direct.close(timeout)
+        self.bodies.close()
 
     # --- finding the route -----------------------------------------------------------------
 
@@ -386,8 +504,9 @@ class BrokerRouting:
 
     def _notify_readied(self) -> None:
         self._readied_notices += 1
-        self._notify()
+        self.notify()
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
+        """Tell the listeners: a session returned, or a commit readied jobs."""
         for listener in self._listeners:
             listener()

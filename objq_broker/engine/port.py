@@ -25,8 +25,10 @@ T = TypeVar("T")
 class Committer(Protocol):
     """Takes operations and returns futures that resolve once each is durable (or failed)."""
 
-    #: Payload bodies kept out of the state, read (and cached) by reference.
-    bodies: BodyCache
+    @property
+    def bodies(self) -> BodyCache:
+        """Payload bodies kept out of the state, read (and cached) by reference."""
+        ...
 
     @property
     def commit_deadline_seconds(self) -> float:
