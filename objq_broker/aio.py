@@ -17,12 +17,11 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from objq_broker import builders
-from objq_broker.broker.settings import BrokerSettings
-from objq_broker.builders import Delay, Delivery, heartbeat_interval
-from objq_broker.core import DEFAULT_MAX_POLL_SECONDS, DEFAULT_POLL_SECONDS, QueueCore
+from objq_broker.builders import Delay, Delivery, JobOptions, heartbeat_interval
+from objq_broker.core import QueueCore, QueueOptions
 from objq_broker.engine.batch import EngineMetrics
 from objq_broker.model.checks import checked_timeout, shown
 from objq_broker.model.ops import (
@@ -49,7 +48,8 @@ def _out_of_line(jobs: Iterable[Job]) -> bool:
 
 
 class AsyncQueue:
-    """Like :class:`Queue`, with ``async`` methods.
+    """Like :class:`Queue`, with ``async`` methods and the same keywords
+    (:class:`~objq_broker.core.QueueOptions`).
 
     >>> async def main() -> int:
     ...     async with AsyncQueue("memory://aio-doc") as q:
@@ -66,24 +66,10 @@ class AsyncQueue:
         url: str | None = None,
         *,
         store: ObjectStore | None = None,
-        owner: str | None = None,
-        poll_seconds: float = DEFAULT_POLL_SECONDS,
-        max_poll_seconds: float = DEFAULT_MAX_POLL_SECONDS,
-        broker: str | BrokerSettings | None = None,
-        implicit_queues: bool = False,
-        **options: Any,
+        **options: Unpack[QueueOptions],
     ) -> None:
         #: The committer, its futures, payload loading and claimers' wake-ups.
-        self.core = QueueCore(
-            url,
-            store=store,
-            owner=owner,
-            poll_seconds=poll_seconds,
-            max_poll_seconds=max_poll_seconds,
-            broker=broker,
-            implicit_queues=implicit_queues,
-            **options,
-        )
+        self.core = QueueCore(url, store=store, **options)
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._lock = threading.Lock()
         # After the core's own listener, which counts the commit the waiters look for.
@@ -153,15 +139,10 @@ class AsyncQueue:
         queue: str,
         payload: bytes,
         *,
-        priority: int = 0,
-        delay: Delay = None,
-        max_attempts: int | None = None,
         key: str | None = None,
+        **options: Unpack[JobOptions],
     ) -> Job:
-        keys = None if key is None else [key]
-        op = builders.enqueue(
-            queue, [payload], priority=priority, delay=delay, max_attempts=max_attempts, keys=keys
-        )
+        op = builders.enqueue(queue, [payload], keys=None if key is None else [key], **options)
         [job] = await self._filled(await self._run(op))
         return job
 
@@ -170,14 +151,10 @@ class AsyncQueue:
         queue: str,
         payloads: Iterable[bytes],
         *,
-        priority: int = 0,
-        delay: Delay = None,
-        max_attempts: int | None = None,
         keys: Sequence[str | None] | None = None,
+        **options: Unpack[JobOptions],
     ) -> list[Job]:
-        op = builders.enqueue(
-            queue, payloads, priority=priority, delay=delay, max_attempts=max_attempts, keys=keys
-        )
+        op = builders.enqueue(queue, payloads, keys=keys, **options)
         return await self._filled(await self._run(op))
 
     async def enqueue_staged(
@@ -186,19 +163,9 @@ class AsyncQueue:
         staged: Sequence[StagedBodies],
         *,
         write_id: str,
-        priority: int = 0,
-        delay: Delay = None,
-        max_attempts: int | None = None,
+        **options: Unpack[JobOptions],
     ) -> int | None:
-        op = builders.enqueue_staged(
-            queue,
-            staged,
-            write_id=write_id,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-        )
-        return await self._run(op)
+        return await self._run(builders.enqueue_staged(queue, staged, write_id=write_id, **options))
 
     async def enqueue_runs(
         self, queue: str, runs: Sequence[StagedRun], *, write_id: str

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict, Unpack
 
 import msgspec
 
@@ -62,7 +62,7 @@ from objq_broker.model.ops import (
 from objq_broker.model.records import Job, JobState, QueueConfig, RunOutcome, encode_payload
 from objq_broker.model.values import NewJob, StagedBodies, StagedRun, settings_of
 
-__all__ = ["Delay", "Delivery", "StagedBodies", "StagedRun"]
+__all__ = ["Delay", "Delivery", "JobOptions", "StagedBodies", "StagedRun"]
 
 #: A span of time as callers give it: seconds, a timedelta, or nothing.
 Delay = float | int | timedelta | None
@@ -220,30 +220,49 @@ def delete_queue(queue: str) -> DeleteQueue:
 # --- producing -------------------------------------------------------------------------------
 
 
-def _enqueue_args(
-    queue: str, priority: int, delay: Delay, max_attempts: int | None, where: str
-) -> _EnqueueArgs:
+class JobOptions(TypedDict, total=False):
+    """What every job of an enqueue shares, as keywords of each way to enqueue."""
+
+    #: Higher is claimed first (default 0).
+    priority: int
+    #: Claimable only after this long (default None: at once).
+    delay: Delay
+    #: Attempts before the job is dead-lettered (default None: the queue's ``max_attempts``).
+    max_attempts: int | None
+
+
+_JOB_OPTIONS = JobOptions.__optional_keys__ | JobOptions.__required_keys__
+
+
+def _enqueue_args(queue: str, options: JobOptions, where: str) -> _EnqueueArgs:
     """The options every job of an enqueue shares, checked in one conversion."""
-    given = {"queue": queue, "priority": priority, "max_attempts": max_attempts}
-    return checked(
-        {**given, "delay": seconds(delay, f"{where}: delay") or 0.0}, _EnqueueArgs, where
-    )
+    unknown = sorted(set(options) - _JOB_OPTIONS)
+    if unknown:  # a misspelt keyword must not be dropped without a word
+        raise TypeError(
+            f"{where}: unexpected keyword {', '.join(map(repr, unknown))}; "
+            f"expected {', '.join(sorted(_JOB_OPTIONS))} (or the call's own)"
+        )
+    given = {
+        "queue": queue,
+        "priority": options.get("priority", 0),
+        "max_attempts": options.get("max_attempts"),
+    }
+    delay = seconds(options.get("delay"), f"{where}: delay")
+    return checked({**given, "delay": delay or 0.0}, _EnqueueArgs, where)
 
 
 def enqueue(
     queue: str,
     payloads: Iterable[bytes],
     *,
-    priority: int = 0,
-    delay: Delay = None,
-    max_attempts: int | None = None,
     keys: Sequence[str | None] | None = None,
     to_declared: bool = False,
+    **options: Unpack[JobOptions],
 ) -> Enqueue:
     """``to_declared``: add nothing if the queue does not exist (a routed message whose
     binding outlived its queue); otherwise the queue is declared by this first use."""
     where = f"enqueue to {shown(queue, 80)}"
-    args = _enqueue_args(queue, priority, delay, max_attempts, where)
+    args = _enqueue_args(queue, options, where)
     items: list[NewJob] = []
     for index, payload in enumerate(payloads):
         if not isinstance(payload, bytes | bytearray | memoryview):
@@ -276,12 +295,10 @@ def enqueue_staged(
     staged: Sequence[StagedBodies],
     *,
     write_id: str,
-    priority: int = 0,
-    delay: Delay = None,
-    max_attempts: int | None = None,
+    **options: Unpack[JobOptions],
 ) -> EnqueueStaged:
     where = f"staged enqueue to {shown(queue, 80)}"
-    args = _enqueue_args(queue, priority, delay, max_attempts, where)
+    args = _enqueue_args(queue, options, where)
     items = [checked(msgspec.structs.asdict(item), StagedBodies, where) for item in staged]
     total = sum(item.count for item in items)
     base = uuid.uuid4().hex[:20]  # ids made before submitting: a replay is identical

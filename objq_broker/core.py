@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from objq_broker import builders
 from objq_broker.broker.settings import BrokerSettings, broker_settings
@@ -22,8 +22,11 @@ from objq_broker.builders import Delay, Delivery, default_owner
 from objq_broker.engine.base import DEFAULT_COMMIT_DEADLINE_SECONDS
 from objq_broker.engine.commit import Engine
 from objq_broker.engine.options import (
-    QueueLimits,
-    check_engine_settings,
+    DEFAULT_MAX_POLL_SECONDS,
+    DEFAULT_POLL_SECONDS,
+    QUEUE_OPTIONS,
+    EngineOptions,
+    QueueSettings,
     engine_part,
     resolve_store,
 )
@@ -37,18 +40,40 @@ from objq_broker.errors import (
 )
 from objq_broker.model.ops import Claim, Op
 from objq_broker.model.records import Job
+from objq_broker.model.settings import read_settings
 from objq_broker.storage import ObjectStore
 from objq_broker.storage.metered import MeteredStore
+from objq_broker.storage.url import StoreOptions
 
 T = TypeVar("T")
 log = logging.getLogger("objq_broker.queue")
 
-#: How soon ``claim(timeout=...)`` looks at the state again when a claim found nothing. The
-#: wait doubles while claims keep finding nothing, up to ``DEFAULT_MAX_POLL_SECONDS`` (each
-#: look is a storage read in direct mode), and starts again from here when one finds a job. A
-#: commit of this process (a local enqueue) wakes claimers at once whatever the wait.
-DEFAULT_POLL_SECONDS = 0.5
-DEFAULT_MAX_POLL_SECONDS = 1.0
+__all__ = [
+    "DEFAULT_MAX_POLL_SECONDS",
+    "DEFAULT_POLL_SECONDS",
+    "QueueCore",
+    "QueueOptions",
+    "open_committer",
+    "settle",
+]
+
+
+class QueueOptions(EngineOptions, StoreOptions, total=False):
+    """The keywords of :class:`~objq_broker.queue.Queue`, :class:`~objq_broker.aio.AsyncQueue`
+    and :class:`QueueCore` besides ``url`` and ``store``: the queue's own settings (these four,
+    :class:`~objq_broker.engine.options.QueueSettings` has their defaults), the broker's
+    (``broker`` and the ``broker_*`` options of :mod:`objq_broker.broker.settings`), the
+    engine's and the storage adapter's. A test holds the keys to the settings structs."""
+
+    owner: str | None
+    poll_seconds: float
+    max_poll_seconds: float
+    implicit_queues: bool
+    broker: str | BrokerSettings | None
+    broker_listen: str
+    broker_advertise: str | None
+    broker_token: str | None
+    broker_takeover_seconds: float
 
 
 class QueueCore:
@@ -68,35 +93,25 @@ class QueueCore:
         url: str | None = None,
         *,
         store: ObjectStore | None = None,
-        owner: str | None = None,
-        poll_seconds: float = DEFAULT_POLL_SECONDS,
-        max_poll_seconds: float = DEFAULT_MAX_POLL_SECONDS,
-        broker: str | BrokerSettings | None = None,
-        implicit_queues: bool = False,
-        **options: Any,
+        **options: Unpack[QueueOptions],
     ) -> None:
-        settings = (
-            broker if isinstance(broker, BrokerSettings) else broker_settings(broker, options)
-        )
-        own = {
-            "owner": owner,
-            "poll_seconds": poll_seconds,
-            "max_poll_seconds": max_poll_seconds,
-            "implicit_queues": implicit_queues,
-        }
-        check_engine_settings(own | engine_part(options), QueueLimits)
-        opened, engine_options = resolve_store(url, store, options, "Queue")
+        rest: dict[str, Any] = dict(options)
+        broker = rest.pop("broker", None)
+        settings = broker if isinstance(broker, BrokerSettings) else broker_settings(broker, rest)
+        own = {name: rest.pop(name) for name in QUEUE_OPTIONS & set(rest)}
+        read = read_settings(QueueSettings, own | engine_part(rest), where="Queue settings")
+        opened, engine_options = resolve_store(url, store, rest, "Queue")
         #: The store, every request to it counted (``store.meter``) for the metrics.
         self.store = MeteredStore(opened)
         #: Where operations go: the local group-commit engine, or a broker that commits for
         #: every process of the namespace.
         self.committer: Committer = open_committer(self.store, settings, engine_options)
-        self.owner = owner or default_owner()
+        self.owner = read.owner or default_owner()
         #: Claims from a queue nobody declared find nothing instead of raising.
-        self.implicit_queues = implicit_queues
-        self.poll_seconds = poll_seconds
-        self.max_poll_seconds = max(max_poll_seconds, poll_seconds)
-        self._poll_wait = poll_seconds  # grows while claims find nothing
+        self.implicit_queues = read.implicit_queues
+        self.poll_seconds = read.poll_seconds
+        self.max_poll_seconds = max(read.max_poll_seconds, read.poll_seconds)
+        self._poll_wait = read.poll_seconds  # grows while claims find nothing
         self._arrivals = threading.Condition()
         self._commits = 0  # batches committed; claimers wait for it to move
         self._arrival_listeners: list[Callable[[], None]] = []

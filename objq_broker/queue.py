@@ -19,12 +19,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from objq_broker import builders
-from objq_broker.broker.settings import BrokerSettings
-from objq_broker.builders import Delay, Delivery, default_owner, heartbeat_interval
-from objq_broker.core import DEFAULT_MAX_POLL_SECONDS, DEFAULT_POLL_SECONDS, QueueCore, settle
+from objq_broker.builders import Delay, Delivery, JobOptions, default_owner, heartbeat_interval
+from objq_broker.core import (
+    DEFAULT_MAX_POLL_SECONDS,
+    DEFAULT_POLL_SECONDS,
+    QueueCore,
+    QueueOptions,
+    settle,
+)
 from objq_broker.engine.batch import EngineMetrics
 from objq_broker.engine.port import Committer
 from objq_broker.model.checks import checked_timeout, shown
@@ -70,6 +75,9 @@ class Queue:
     nobody declared raises :class:`~objq_broker.errors.QueueNotFound` (a typo must not wait
     for ever), unless ``implicit_queues=True``, with which it finds nothing until an enqueue
     creates the queue.
+
+    The keywords besides ``store`` are :class:`~objq_broker.core.QueueOptions`: the queue's,
+    the broker's, the engine's and the storage adapter's settings.
     """
 
     def __init__(
@@ -77,24 +85,10 @@ class Queue:
         url: str | None = None,
         *,
         store: ObjectStore | None = None,
-        owner: str | None = None,
-        poll_seconds: float = DEFAULT_POLL_SECONDS,
-        max_poll_seconds: float = DEFAULT_MAX_POLL_SECONDS,
-        broker: str | BrokerSettings | None = None,
-        implicit_queues: bool = False,
-        **options: Any,
+        **options: Unpack[QueueOptions],
     ) -> None:
         #: The committer, its futures, payload loading and claimers' wake-ups.
-        self.core = QueueCore(
-            url,
-            store=store,
-            owner=owner,
-            poll_seconds=poll_seconds,
-            max_poll_seconds=max_poll_seconds,
-            broker=broker,
-            implicit_queues=implicit_queues,
-            **options,
-        )
+        self.core = QueueCore(url, store=store, **options)
 
     @classmethod
     def from_core(cls, core: QueueCore) -> Queue:
@@ -244,21 +238,14 @@ class Queue:
         queue: str,
         payload: bytes,
         *,
-        priority: int = 0,
-        delay: Delay = None,
-        max_attempts: int | None = None,
         key: str | None = None,
+        **options: Unpack[JobOptions],
     ) -> Job:
         """Add one job; durable when this returns. A ``key`` seen within the queue's
-        idempotency window returns the earlier job instead of adding a duplicate."""
-        op = builders.enqueue(
-            queue,
-            [payload],
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-            keys=None if key is None else [key],
-        )
+        idempotency window returns the earlier job instead of adding a duplicate.
+        ``options``: :class:`~objq_broker.builders.JobOptions` (priority, delay,
+        max_attempts)."""
+        op = builders.enqueue(queue, [payload], keys=None if key is None else [key], **options)
         [job] = self.core.call(op)
         return self.core.fill(job)
 
@@ -267,15 +254,11 @@ class Queue:
         queue: str,
         payloads: Iterable[bytes],
         *,
-        priority: int = 0,
-        delay: Delay = None,
-        max_attempts: int | None = None,
         keys: Sequence[str | None] | None = None,
+        **options: Unpack[JobOptions],
     ) -> list[Job]:
         """Add many jobs in one commit: all of them are durable, or none."""
-        op = builders.enqueue(
-            queue, payloads, priority=priority, delay=delay, max_attempts=max_attempts, keys=keys
-        )
+        op = builders.enqueue(queue, payloads, keys=keys, **options)
         return [self.core.fill(job) for job in self.core.call(op)]
 
     def enqueue_staged(
@@ -284,9 +267,7 @@ class Queue:
         staged: Sequence[StagedBodies],
         *,
         write_id: str,
-        priority: int = 0,
-        delay: Delay = None,
-        max_attempts: int | None = None,
+        **options: Unpack[JobOptions],
     ) -> int | None:
         """Add one job per entry of bodies objects already written (by the partitions of a
         Spark write, say), all in one commit: every job is durable, or none.
@@ -295,15 +276,7 @@ class Queue:
         :mod:`objq_broker.model.bodies`); the state counts their references and deletes them
         once their last job finished. A retry with the same ``write_id`` within the queue's
         idempotency window adds nothing and returns None; else the number of jobs added."""
-        op = builders.enqueue_staged(
-            queue,
-            staged,
-            write_id=write_id,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-        )
-        return self.core.call(op)
+        return self.core.call(builders.enqueue_staged(queue, staged, write_id=write_id, **options))
 
     def enqueue_runs(self, queue: str, runs: Sequence[StagedRun], *, write_id: str) -> int | None:
         """Add the jobs of runs already written (by the tasks of a Spark write), in one

@@ -2,7 +2,7 @@
 component takes it: as a keyword (or option), in a URL's query, from the environment, and on
 the command line where the command exposes it. The docs' option tables list exactly the
 struct's fields, with its defaults; the constructors that still spell their keywords out agree
-with the struct."""
+with the struct, and the keyword types of ``Queue`` and ``AsyncQueue`` name every setting."""
 
 from __future__ import annotations
 
@@ -18,12 +18,15 @@ import pytest
 
 from objq_broker import ConfigurationError, Queue
 from objq_broker.broker.settings import BrokerOptions, broker_settings
+from objq_broker.builders import default_owner
 from objq_broker.cli.parser import build_parser
+from objq_broker.core import QueueOptions
 from objq_broker.dashboard.settings import DashboardSettings, token_from
 from objq_broker.dramatiq.broker import DramatiqSettings, ObjqBroker
 from objq_broker.engine import Engine
 from objq_broker.engine.options import (
     ENGINE_OPTIONS,
+    EngineOptions,
     EngineSettings,
     QueueSettings,
     resolve_store,
@@ -32,6 +35,7 @@ from objq_broker.kombu.settings import OWN_OPTIONS, TransportOptions, TransportS
 from objq_broker.model.settings import defaults, env_names, option_names, text_names
 from objq_broker.results.celery.settings import BackendSettings, backend_settings
 from objq_broker.storage import url as storage_url
+from objq_broker.storage.url import StoreOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 _names = itertools.count()
@@ -250,11 +254,16 @@ def test_the_engine_constructor_takes_exactly_the_struct_fields_with_its_default
 
 
 def test_queue_and_dramatiq_constructors_agree_with_their_structs() -> None:
-    queue = inspect.signature(Queue).parameters
+    assert set(EngineOptions.__optional_keys__) == option_names(EngineSettings)
+    assert set(StoreOptions.__optional_keys__) == set().union(*storage_url._OPTIONS.values())
+    keywords = option_names(QueueSettings) | option_names(BrokerOptions) | {"broker"}
+    assert set(QueueOptions.__optional_keys__) == keywords | set(StoreOptions.__optional_keys__)
     own = option_names(QueueSettings) - option_names(EngineSettings)
-    assert {name: queue[name].default for name in own} == {
-        name: defaults(QueueSettings)[name] for name in own
-    }
+    with Queue("memory://settings-defaults", broker="off") as queue:
+        held = {name: getattr(queue, name) for name in own}
+    # owner None: the host and pid
+    expected = defaults(QueueSettings) | {"owner": default_owner()}
+    assert held == {name: expected[name] for name in own}
     broker = inspect.signature(ObjqBroker).parameters
     for name, default in defaults(DramatiqSettings).items():
         # None: read from the environment, or computed from another (lease / 3)

@@ -13,11 +13,9 @@ next to the broker's 7700 and the exporter's 7701.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 
 from objq_broker.cli.context import Context
-from objq_broker.cli.exporter import STOP_CHECK_SECONDS
+from objq_broker.cli.exporter import serve_until, stop_on_signals
 from objq_broker.errors import missing_extra
 
 #: Where ``objq dashboard`` serves unless ``--listen`` says otherwise.
@@ -41,10 +39,7 @@ def cmd_dashboard(ctx: Context) -> int:
     settings = dashboard.DashboardSettings(
         token=token_from(ctx.args.token), allowed_hosts=allowed_hosts_for(host)
     )
-    stop = threading.Event()
-    # Before listening: a SIGTERM that comes at once still ends the dashboard with status 0.
-    for number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(number, lambda *_: stop.set())
+    stop = stop_on_signals()
     store = ctx.store()
     app = dashboard.create_app(store, settings)
     try:
@@ -52,19 +47,11 @@ def cmd_dashboard(ctx: Context) -> int:
     except OSError as exc:  # taken, not an address of this host, or a name that resolves to none
         raise OSError(exc.errno, exc.strerror or str(exc), f"--listen {host}:{port}") from exc
     mode = "read-only" if settings.read_only else "actions need the token"
-    try:
-        ctx.emit(
-            {
-                "event": "serving",
-                "url": store.url,
-                "dashboard": server.url,
-                "read_only": settings.read_only,
-            },
-            f"objq dashboard: {store.url} at {server.url} ({mode})",
-        )
-        while not stop.wait(STOP_CHECK_SECONDS):
-            pass
-    finally:
-        server.stop()
-    ctx.emit({"event": "stopped", "url": store.url}, "objq dashboard: stopped")
-    return 0
+    record = {
+        "event": "serving",
+        "url": store.url,
+        "dashboard": server.url,
+        "read_only": settings.read_only,
+    }
+    said = f"{store.url} at {server.url} ({mode})"
+    return serve_until(ctx, "objq dashboard", stop, server, (record, said))

@@ -20,7 +20,7 @@ import logging
 import signal
 import threading
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from objq_broker.cli.context import Context
 from objq_broker.errors import missing_extra
@@ -69,24 +69,45 @@ def serve_metrics(registry: Any, address: tuple[str, int], option: str) -> Any:
         raise OSError(exc.errno, exc.strerror or str(exc), f"{option} {host}:{port}") from exc
 
 
-def cmd_exporter(ctx: Context) -> int:
-    metrics = metrics_module("objq exporter")
-    logging.basicConfig(format="objq exporter: %(message)s", level=logging.INFO)
+class Server(Protocol):
+    def stop(self) -> None: ...
+
+
+def stop_on_signals() -> threading.Event:
+    """An event SIGTERM and SIGINT set. Made before listening: a SIGTERM from a supervisor
+    that starts and stops at once still ends the command cleanly, with status 0."""
     stop = threading.Event()
-    # Before listening: a SIGTERM from a supervisor that starts and stops at once still
-    # ends the exporter cleanly, with status 0.
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
-    store = ctx.store()
-    server = serve_metrics(metrics.exporter_registry(store), ctx.args.listen, "--listen")
+    return stop
+
+
+def serve_until(
+    ctx: Context,
+    command: str,
+    stop: threading.Event,
+    server: Server,
+    serving: tuple[dict[str, Any], str],
+) -> int:
+    """Say that ``server`` is serving (``serving``: the record, and the line after the
+    command's name), wait for ``stop``, then stop it and say so; the command's status."""
+    record, said = serving
     try:
-        ctx.emit(
-            {"event": "serving", "url": store.url, "metrics": server.url},
-            f"objq exporter: serving the metrics of {store.url} at {server.url}",
-        )
+        ctx.emit(record, f"{command}: {said}")
         while not stop.wait(STOP_CHECK_SECONDS):
             pass
     finally:
         server.stop()
-    ctx.emit({"event": "stopped", "url": store.url}, "objq exporter: stopped")
+    ctx.emit({"event": "stopped", "url": record["url"]}, f"{command}: stopped")
     return 0
+
+
+def cmd_exporter(ctx: Context) -> int:
+    metrics = metrics_module("objq exporter")
+    logging.basicConfig(format="objq exporter: %(message)s", level=logging.INFO)
+    stop = stop_on_signals()
+    store = ctx.store()
+    server = serve_metrics(metrics.exporter_registry(store), ctx.args.listen, "--listen")
+    record = {"event": "serving", "url": store.url, "metrics": server.url}
+    said = f"serving the metrics of {store.url} at {server.url}"
+    return serve_until(ctx, "objq exporter", stop, server, (record, said))

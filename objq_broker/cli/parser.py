@@ -110,6 +110,11 @@ def _group(commands: Any, common: argparse.ArgumentParser, name: str, help_text:
     )
 
 
+def _older_than(sub: argparse.ArgumentParser, help_text: str) -> None:
+    """``--older-than AGE``: the commands that delete objects choose them by age."""
+    sub.add_argument("--older-than", type=values.duration(), metavar="AGE", help=help_text)
+
+
 def _reading_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     sub = _add(commands, common, "status", inspect.cmd_status, "a table of every queue")
     sub.add_argument(
@@ -239,23 +244,13 @@ def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
     kept = _group(commands, common, "results", "task results kept beside the queue")
     sub = _add(kept, common, "purge", results.cmd_results_purge, "delete expired results")
-    sub.add_argument(
-        "--older-than",
-        type=values.duration(),
-        metavar="AGE",
-        help="also those stored before (7d, 12h)",
-    )
+    _older_than(sub, "also those stored before (7d, 12h)")
     sub.add_argument("--prefix", default="results/", help="where they are (results/)")
 
     from objq_broker.cli import gc
 
     sub = _add(commands, common, "gc", gc.cmd_gc, "delete objects no state refers to")
-    sub.add_argument(
-        "--older-than",
-        type=values.duration(),
-        metavar="AGE",
-        help="only those written longer ago (1h; less asks first)",
-    )
+    _older_than(sub, "only those written longer ago (1h; less asks first)")
     sub.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
 
     sub = _add(commands, common, "budget", fleet.cmd_budget, "show or set the write budget")

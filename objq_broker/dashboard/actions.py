@@ -38,12 +38,13 @@ Form = dict[str, list[str]]
 
 
 def routes() -> list[Route]:
-    return [
-        Route("/login", login, methods=["POST"]),
-        Route("/logout", logout, methods=["POST"]),
-        Route("/queues/{queue}/dead/retry", retry_dead, methods=["POST"]),
-        Route("/queues/{queue}/dead/purge", purge_dead, methods=["POST"]),
-    ]
+    actions = {
+        "/login": login,
+        "/logout": logout,
+        "/queues/{queue}/dead/retry": retry_dead,
+        "/queues/{queue}/dead/purge": purge_dead,
+    }
+    return [Route(path, action, methods=["POST"]) for path, action in actions.items()]
 
 
 class Refused(Exception):

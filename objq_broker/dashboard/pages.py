@@ -4,6 +4,7 @@ in a worker thread (storage calls block), and renders a template."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -29,9 +30,12 @@ from objq_broker.errors import ConfigurationError, JobNotFound, ObjqError, Queue
 from objq_broker.model.durations import parse_time
 from objq_broker.model.records import JobState
 from objq_broker.model.workers import GONE_SECONDS
+from objq_broker.storage import ObjectStore
 
 if TYPE_CHECKING:
     from objq_broker.dashboard.app import Dashboard
+
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 #: What the archive search looks at when no range is given.
 DEFAULT_ARCHIVE_SINCE = "1h"
@@ -42,26 +46,37 @@ def dashboard_of(request: Request) -> Dashboard:
 
 
 def routes() -> list[Route]:
-    return [
-        Route("/", overview, methods=["GET"]),
-        Route("/api/overview", overview_json, methods=["GET"]),
-        Route("/workers", workers_page, methods=["GET"]),
-        Route("/api/workers", workers_json, methods=["GET"]),
-        Route("/queues/{queue}", queue_page, methods=["GET"]),
-        Route("/jobs/{job_id}", job_page, methods=["GET"]),
-        Route("/dead", dead_page, methods=["GET"]),
-        Route("/archive", archive_page, methods=["GET"]),
-        Route("/archive/job", archived_job_page, methods=["GET"]),
-        Route("/broker", broker_page, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/login", login_page, methods=["GET"]),
-    ]
+    pages: dict[str, Endpoint] = {
+        "/": overview,
+        "/api/overview": overview_json,
+        "/workers": workers_page,
+        "/api/workers": workers_json,
+        "/queues/{queue}": queue_page,
+        "/jobs/{job_id}": job_page,
+        "/dead": dead_page,
+        "/archive": archive_page,
+        "/archive/job": archived_job_page,
+        "/broker": broker_page,
+        "/metrics": metrics,
+        "/login": login_page,
+    }
+    return [Route(path, page, methods=["GET"]) for path, page in pages.items()]
 
 
-async def overview(request: Request) -> Response:
-    dashboard = dashboard_of(request)
-    view = await run_in_threadpool(read_overview, dashboard.store)
-    return dashboard.render(request, "overview.html", {"overview": view})
+def _store_page(template: str, read: Callable[[ObjectStore], Any], name: str) -> Endpoint:
+    """A page that renders ``template`` with what ``read`` finds in the store as ``name``."""
+
+    async def page(request: Request) -> Response:
+        dashboard = dashboard_of(request)
+        view = await run_in_threadpool(read, dashboard.store)
+        return dashboard.render(request, template, {name: view})
+
+    return page
+
+
+overview = _store_page("overview.html", read_overview, "overview")
+dead_page = _store_page("dead.html", dead_counts, "counts")
+broker_page = _store_page("broker.html", read_overview, "overview")
 
 
 async def overview_json(request: Request) -> Response:
@@ -103,12 +118,6 @@ async def job_page(request: Request) -> Response:
             "the archive (search it by the time it finished)"
         )
     return dashboard.render(request, "job.html", {"detail": detail})
-
-
-async def dead_page(request: Request) -> Response:
-    dashboard = dashboard_of(request)
-    counts = await run_in_threadpool(dead_counts, dashboard.store)
-    return dashboard.render(request, "dead.html", {"counts": counts})
 
 
 async def archive_page(request: Request) -> Response:
@@ -158,12 +167,6 @@ async def archived_job_page(request: Request) -> Response:
         )
         raise JobNotFound(f"job {job_id!r}: not {where}")
     return dashboard.render(request, "job.html", {"detail": detail})
-
-
-async def broker_page(request: Request) -> Response:
-    dashboard = dashboard_of(request)
-    view = await run_in_threadpool(read_overview, dashboard.store)
-    return dashboard.render(request, "broker.html", {"overview": view})
 
 
 async def metrics(request: Request) -> Response:

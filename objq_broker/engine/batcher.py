@@ -120,12 +120,15 @@ class Batcher(Generic[P]):
 
     def done(self) -> None:
         """The batch taken last was worked on: the next lingers for its callers, and the
-        worker (waiting while a caller worked on its own) may take it."""
+        worker (waiting while a caller worked on its own) may take it. The worker is woken
+        only when there is something for it to do: after a caller's own batch with nothing
+        behind it, waking it would cost a thread switch for nothing."""
         with self.cv:
             self._taken = 0
             self._expected = self._callers
             self.busy = False
-            self.cv.notify()
+            if self.pending or self.closing:
+                self.cv.notify()
 
     def drain(self) -> list[P]:
         """Every pending item, taken out (holding :attr:`cv`): a worker that stops fails them."""

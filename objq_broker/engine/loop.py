@@ -161,6 +161,8 @@ class CommitLoop:
                 woken = batcher.cv.wait(tick)
                 if tick is None or woken or batcher.busy or batcher.pending:
                     continue
+                if time.monotonic() < self._committed_at + self._idle_tick:
+                    continue  # a caller committed while this waited: the tick starts over
                 # Idle tick: expire stale leases. Each costs a read in direct mode, so they
                 # grow sparser while nothing happens (claims expire leases too).
                 self._idle_tick = min(self._idle_tick * 2, MAX_IDLE_TICK_SECONDS)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypedDict
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import msgspec
@@ -29,6 +30,13 @@ from objq_broker.storage import ObjectStore, open_store
 
 #: Environment variable naming the store when no URL is given.
 URL_ENV = "OBJQ_URL"
+
+#: How soon ``claim(timeout=...)`` looks at the state again when a claim found nothing. The
+#: wait doubles while claims keep finding nothing, up to ``DEFAULT_MAX_POLL_SECONDS`` (each
+#: look is a storage read in direct mode), and starts again from here when one finds a job. A
+#: commit of this process (a local enqueue) wakes claimers at once whatever the wait.
+DEFAULT_POLL_SECONDS = 0.5
+DEFAULT_MAX_POLL_SECONDS = 1.0
 
 Count = Annotated[int, Meta(ge=1)]
 Size = Annotated[int, Meta(ge=0)]
@@ -92,11 +100,36 @@ class QueueSettings(EngineSettings, frozen=True, forbid_unknown_fields=True):
     #: Who holds the leases this queue takes (``objq workers`` shows it); None: host and pid.
     owner: Identifier | None = None
     #: How soon a claim that found nothing looks again, at first.
-    poll_seconds: PositiveSeconds = 0.5
+    poll_seconds: PositiveSeconds = DEFAULT_POLL_SECONDS
     #: The longest wait between two looks of a claim that keeps finding nothing.
-    max_poll_seconds: PositiveSeconds = 1.0
+    max_poll_seconds: PositiveSeconds = DEFAULT_MAX_POLL_SECONDS
     #: Claims from a queue nobody declared find nothing instead of raising.
     implicit_queues: bool = False
+
+
+class EngineOptions(TypedDict, total=False):
+    """:class:`EngineSettings` as keywords, for type checkers (a test holds the two together);
+    what each must be, and its default, is the struct's."""
+
+    key: str
+    archive: bool
+    archive_tail_bytes: int
+    max_batch_ops: int
+    max_batch_bytes: int
+    linger_seconds: float
+    commit_deadline_seconds: float
+    max_staleness_seconds: float
+    idle_tick_seconds: float
+    epoch: int | None
+    exclusive: bool
+    seed: int | None
+    spill_at: int | None
+    run_jobs: int
+    gc_interval_seconds: float | None
+    gc_older_than_seconds: float
+    inline_state_bytes: int
+    max_state_bytes: int
+    clock: Callable[[], float]
 
 
 #: The names of :class:`EngineSettings` and :class:`QueueSettings` of earlier releases.
@@ -105,6 +138,8 @@ QueueLimits = QueueSettings
 
 #: Keywords that configure the engine; every other keyword goes to ``open_store``.
 ENGINE_OPTIONS = option_names(EngineSettings)
+#: Keywords that configure a ``Queue`` itself, not its engine.
+QUEUE_OPTIONS = option_names(QueueSettings) - ENGINE_OPTIONS
 #: Engine settings a store URL's query may give (not the clock, the key or a broker's own).
 URL_OPTIONS = text_names(EngineSettings)
 

@@ -26,7 +26,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import parse_qsl, urlsplit
 
 from objq_broker.errors import ConfigurationError, missing_extra, redacted
@@ -133,6 +133,23 @@ _OPTIONS: dict[str, dict[str, Callable[[Any], Any]]] = {
         "timeout": _seconds,
     },
 }
+
+
+class StoreOptions(TypedDict, total=False):
+    """The options of :data:`_OPTIONS` as keywords, for type checkers (a test holds the two
+    together); a scheme refuses those it does not list."""
+
+    check_conditions: bool
+    fsync: bool
+    endpoint_url: str | None
+    region: str | None
+    profile: str | None
+    client: Any
+    connect_timeout: float
+    read_timeout: float
+    max_attempts: int
+    project: str | None
+    timeout: float
 
 
 def _accepted() -> str:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, Unpack
 
 from objq_broker import builders
 from objq_broker.aio import AsyncQueue
-from objq_broker.builders import Delay
+from objq_broker.builders import Delay, JobOptions
 from objq_broker.model.checks import checked_timeout
 from objq_broker.model.records import Job, NackResult
 from objq_broker.typed.queue import TypedDelivery, encode_all, one_of, typed_deliveries
@@ -66,34 +66,21 @@ class AsyncTypedQueue(Generic[T]):
         self,
         value: T,
         *,
-        priority: int = 0,
-        delay: Delay = None,
-        max_attempts: int | None = None,
         key: str | None = None,
+        **options: Unpack[JobOptions],
     ) -> Job:
         [payload] = encode_all(self.schema, self.name, [value])
-        return await self.queue.enqueue(
-            self.name, payload, priority=priority, delay=delay, max_attempts=max_attempts, key=key
-        )
+        return await self.queue.enqueue(self.name, payload, key=key, **options)
 
     async def enqueue_many(
         self,
         values: Iterable[T],
         *,
-        priority: int = 0,
-        delay: Delay = None,
-        max_attempts: int | None = None,
         keys: Sequence[str | None] | None = None,
+        **options: Unpack[JobOptions],
     ) -> list[Job]:
         payloads = encode_all(self.schema, self.name, values)
-        return await self.queue.enqueue_many(
-            self.name,
-            payloads,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-            keys=keys,
-        )
+        return await self.queue.enqueue_many(self.name, payloads, keys=keys, **options)
 
     async def claim(
         self, n: int = 1, *, lease: Delay = None, timeout: float | None = None

@@ -8,10 +8,10 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, Unpack
 
 from objq_broker import builders
-from objq_broker.builders import Delay, Delivery
+from objq_broker.builders import Delay, Delivery, JobOptions
 from objq_broker.errors import ConfigurationError, job_error
 from objq_broker.model.checks import checked_timeout
 from objq_broker.model.records import Job, NackResult
@@ -121,38 +121,25 @@ class TypedQueue(Generic[T]):
         self,
         value: T,
         *,
-        priority: int = 0,
-        delay: Delay = None,
-        max_attempts: int | None = None,
         key: str | None = None,
+        **options: Unpack[JobOptions],
     ) -> Job:
         """Add ``value`` as one job; durable when this returns. Raises
         :class:`~objq_broker.typed.schema.PayloadInvalid` if it does not validate."""
         [payload] = encode_all(self.schema, self.name, [value])
-        return self.queue.enqueue(
-            self.name, payload, priority=priority, delay=delay, max_attempts=max_attempts, key=key
-        )
+        return self.queue.enqueue(self.name, payload, key=key, **options)
 
     def enqueue_many(
         self,
         values: Iterable[T],
         *,
-        priority: int = 0,
-        delay: Delay = None,
-        max_attempts: int | None = None,
         keys: Sequence[str | None] | None = None,
+        **options: Unpack[JobOptions],
     ) -> list[Job]:
         """Add many values in one commit: all are durable, or none (one that does not
         validate stops them all before anything is submitted)."""
         payloads = encode_all(self.schema, self.name, values)
-        return self.queue.enqueue_many(
-            self.name,
-            payloads,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-            keys=keys,
-        )
+        return self.queue.enqueue_many(self.name, payloads, keys=keys, **options)
 
     def claim(
         self, n: int = 1, *, lease: Delay = None, timeout: float | None = None

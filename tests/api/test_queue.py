@@ -176,3 +176,14 @@ def test_closed_queue_refuses_work() -> None:
     q.close()
     with pytest.raises(QueueClosed):
         q.enqueue("q", b"y")
+
+
+@pytest.mark.parametrize("call", ["enqueue", "enqueue_many"])
+def test_a_misspelt_job_option_is_refused_and_adds_nothing(queue: Queue, call: str) -> None:
+    queue.declare("q")
+    with pytest.raises(TypeError, match=r"unexpected keyword 'priorty'.*priority"):
+        if call == "enqueue":
+            queue.enqueue("q", b"x", priorty=3)  # type: ignore[call-arg]
+        else:
+            queue.enqueue_many("q", [b"x"], priorty=3)  # type: ignore[call-arg]
+    assert queue.stats("q").ready == 0

@@ -121,8 +121,10 @@ def test_soak_file(tmp_path: Path, children: Children) -> None:
 
 @pytest.mark.slow
 def test_soak_s3(tmp_path: Path, children: Children, s3_url_factory: Callable[[], str]) -> None:
-    result = run_soak(s3_url_factory(), tmp_path, children, jobs=10_200)
-    assert result["jobs"] == 10_200
+    """As many jobs as on SeaweedFS: moto serialises every request, so the long soak is the
+    file store's."""
+    result = run_soak(s3_url_factory(), tmp_path, children, jobs=3_000)
+    assert result["jobs"] == 3_000
 
 
 @pytest.mark.slow

@@ -13,9 +13,9 @@ import pytest
 
 from objq_broker import Queue, builders
 from objq_broker.broker.elected import ElectedCommitter
+from objq_broker.builders import Delivery
 from objq_broker.engine.batch import Pending
 from objq_broker.engine.oversize import StateTooLarge, refuse_largest
-from objq_broker.builders import Delivery
 from objq_broker.errors import StateFull
 
 LIMIT = 256 * 1024
