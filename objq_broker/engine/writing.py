@@ -152,9 +152,7 @@ class TryWriter:
         data = state.encode()
         check_encoded(data, f"state {self.store.url}/{self._cache.key}")
         try:
-            check_size(
-                len(data), self._cache.max_state_bytes, attempt.results, self._cache.size
-            )
+            check_size(len(data), self._cache.max_state_bytes, attempt.results, self._cache.size)
         except StateTooLarge:
             # The loop refuses what grew it and tries again: what this try wrote ahead is
             # referred to by nothing stored.
