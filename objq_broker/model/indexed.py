@@ -184,6 +184,8 @@ class QueueIndex:
         self._holding: dict[str, Holding] = {}
         #: Where a claim over several queues is in its rotation: each queue's pass.
         self._passes: dict[str, float] = {}
+        #: The pass the last queue served started from: where an idle queue starts again.
+        self._now = 0.0
         self._ready: dict[str, list[ReadyEntry]] = {}
         self._timed: dict[str, list[TimedEntry]] = {}
         self._entry: dict[str, ReadyEntry | TimedEntry] = {}
@@ -482,18 +484,18 @@ class QueueIndex:
 
     def rotation(self, queues: list[str]) -> list[str]:
         """``queues`` in the order a claim over them should try them: the one least served
-        for its weight first (stride scheduling: each claim from a queue moves its pass on
-        by 1 / weight; a queue that was idle starts from the lowest pass among them)."""
+        for its weight first (stride scheduling: each job a claim takes from a queue moves
+        its pass on by 1 / weight; a queue idle for a while starts again from the pass of the
+        last queue served, so it gets its turn but no burst)."""
         passes = self._passes
-        floor = min((passes[q] for q in queues if q in passes), default=0.0)
-        ranked = sorted(range(len(queues)), key=lambda i: (passes.get(queues[i], floor), i))
-        return [queues[i] for i in ranked]
+        order = sorted(range(len(queues)), key=lambda i: (passes.get(queues[i], self._now), i))
+        return [queues[i] for i in order]
 
-    def served(self, queue: str, queues: list[str], weight: int) -> None:
-        """A claim over ``queues`` took a job of ``queue``: its turn comes later."""
-        passes = self._passes
-        floor = min((passes[q] for q in queues if q in passes), default=0.0)
-        passes[queue] = max(passes.get(queue, floor), floor) + 1.0 / weight
+    def served(self, queue: str, weight: int) -> None:
+        """A claim took a job of ``queue``, whose weight is ``weight``: its turn comes later."""
+        start = max(self._passes.get(queue, self._now), self._now)
+        self._now = start
+        self._passes[queue] = start + 1.0 / weight
 
     def encoded_jobs(self) -> list[msgspec.Raw]:
         """The encoded JSON of every live job, re-encoding only those changed since the last

@@ -164,7 +164,7 @@ class Claim(Op[list[Job]], frozen=True):
                 token = self.tokens[len(found) : len(found) + 1]
                 got = state.claim(name, token, self.owner, now, self.lease_seconds)
                 if got:
-                    state.index.served(name, queues, weight[name])
+                    state.index.served(name, weight[name])
                     found += got
                     break
                 queues.remove(name)
