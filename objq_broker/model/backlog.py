@@ -146,6 +146,12 @@ class Backlog:
         merge = self._merges.get(queue)
         return None if merge is None else merge.best()
 
+    def peek(self, queue: str) -> Job | None:
+        """The best job of ``queue``'s ready runs, as it is there (not to be changed); None
+        when it has none or its run was not read."""
+        merge = self._merges.get(queue)
+        return None if merge is None else merge.peek(self.run_contents)
+
     def take(self, queue: str) -> Job:
         """Take the best job of ``queue``'s ready runs (the caller checked :meth:`best`): a
         copy, for the head."""

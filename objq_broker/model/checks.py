@@ -90,6 +90,10 @@ SignedSeconds = Annotated[float, Meta(ge=-MAX_SECONDS, le=MAX_SECONDS)]
 Attempts = Annotated[int, Meta(ge=1, le=MAX_ATTEMPTS)]
 Priority = Annotated[int, Meta(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])]
 ClaimCount = Annotated[int, Meta(ge=1, le=MAX_CLAIM)]
+#: How many jobs of one group may be in flight at once (``group_concurrency``).
+GroupConcurrency = Annotated[int, Meta(ge=1, le=MAX_CLAIM)]
+#: A claim's weight for one of the queues it takes from.
+ClaimWeight = Annotated[int, Meta(ge=1, le=1000)]
 #: Most state writes per second a write budget may allow (more is no budget at all).
 MAX_WRITE_RATE = 1000.0
 #: A namespace's write budget: state writes per second, above zero.

@@ -5,9 +5,11 @@ queues, due jobs to ready, retention of dead letters and keys). Functions over
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from objq_broker.errors import JobNotFound, LeaseLost
+from objq_broker.model.indexed import GroupEntry
 from objq_broker.model.lifecycle import expire_queues
 from objq_broker.model.records import Job, Lease, NackResult, RunOutcome
 from objq_broker.model.runs import order_key
@@ -35,7 +37,16 @@ def claim(  # noqa: PLR0917 (the state is bound as ``self``: five of the method'
     seconds = lease_seconds if lease_seconds is not None else config.lease_seconds
     index, backlog = state.index, state.backlog
     in_runs = backlog.has_runs(queue)
-    claimed: list[Job] = []
+    if index.grouped(queue):
+        claimed = _claim_fairly(
+            state,
+            queue,
+            tokens,
+            in_runs,
+            lambda job, token: _lease(state, job, token, owner, now, seconds),
+        )
+        return _leased(state, queue, claimed, in_runs)
+    claimed = []
     while len(claimed) < len(tokens):
         top = index.best_ready(queue)
         best = backlog.best(queue) if in_runs else None
@@ -46,17 +57,101 @@ def claim(  # noqa: PLR0917 (the state is bound as ``self``: five of the method'
             job = index.pop_ready(queue)
         else:
             break
-        job.attempts += 1
-        job.started_at = now
-        job.lease = Lease(tokens[len(claimed)], owner, now + seconds, now)
-        job.visible_at = job.lease.expires_at
-        index.push_timed(job)
-        claimed.append(snapshot(job))
+        _lease(state, job, tokens[len(claimed)], owner, now, seconds)
+        claimed.append(job)
+    return _leased(state, queue, claimed, in_runs)
+
+
+def _lease(  # noqa: PLR0917 (one lease: the job, its token and holder, and when)
+    state: QueueState, job: Job, token: str, owner: str, now: float, seconds: float
+) -> None:
+    job.attempts += 1
+    job.started_at = now
+    job.lease = Lease(token, owner, now + seconds, now)
+    job.visible_at = job.lease.expires_at
+    state.index.push_timed(job)
+
+
+def _leased(state: QueueState, queue: str, claimed: list[Job], in_runs: bool) -> list[Job]:
     if claimed:
         state.dirty = True
     if in_runs:
-        backlog.drop_taken(queue)
-    return claimed
+        state.backlog.drop_taken(queue)
+    return [snapshot(job) for job in claimed]
+
+
+#: At most this many jobs a claim of a grouped queue moves from its runs into the head for
+#: every job it asks for, past groups at their cap (``docs/groups.md``); the runs a claim
+#: reads beforehand cover them (:meth:`QueueState.runs_to_claim`).
+LOADS_PER_CLAIMED_JOB = 8
+
+
+def _claim_fairly(
+    state: QueueState,
+    queue: str,
+    tokens: list[str],
+    in_runs: bool,
+    lease: Callable[[Job, str], None],
+) -> list[Job]:
+    """Lease (``lease``) up to ``len(tokens)`` ready jobs of ``queue``, whose jobs name
+    groups: by priority, then the group with the fewest jobs in flight (when the queue is
+    fair), then seq; a group's own jobs in its order, none of a group at its cap.
+
+    The queue's ready runs are one more line, in their (priority, seq) order: their first
+    job competes as a job of its group. When its group is at its cap, it is moved into the
+    head (it joins its group's line) and the next one competes, up to a bound per claim
+    (``docs/groups.md``)."""
+    index, backlog = state.index, state.backlog
+    taken: list[Job] = []
+    loads = LOADS_PER_CLAIMED_JOB * len(tokens)
+    while len(taken) < len(tokens):
+        front = backlog.best(queue) if in_runs else None
+        index.runs_front(queue, front)
+        group = index.best_group(queue)
+        single = index.best_ready(queue)
+        choices: list[tuple[tuple[int | float, int, int], str]] = []
+        if group is not None:
+            choices.append((group[:3], "group"))
+        if single is not None:
+            choices.append(((single[0], 0, single[1]), "single"))
+        if front is not None:
+            first = backlog.peek(queue)
+            if first is not None and index.at_cap(queue, first.group) and loads > 0:
+                loads -= 1
+                _load(state, backlog.take(queue))
+                continue
+            if first is not None and not index.at_cap(queue, first.group):
+                choices.append(((front[0], index.share(queue, first.group), front[1]), "run"))
+        if not choices:
+            break
+        job = _take(state, queue, min(choices)[1], group)
+        lease(job, tokens[len(taken)])
+        taken.append(job)
+    return taken
+
+
+def _take(state: QueueState, queue: str, where: str, group: GroupEntry | None) -> Job:
+    """The job a fair claim chose: the best of a group's line, the best job of no group, or
+    the first of the runs (into the head)."""
+    index = state.index
+    if where == "group":
+        assert group is not None
+        return index.pop_group(queue, group[3])
+    if where == "single":
+        return index.pop_ready(queue)
+    job = state.backlog.take(queue)
+    index.add(job)
+    index.loaded(job)
+    return job
+
+
+def _load(state: QueueState, job: Job) -> None:
+    """Move ``job``, the first of its queue's ready runs, into the head, ready."""
+    state.index.add(job)
+    state.index.loaded(job)
+    state.index.runs_front(job.queue, state.backlog.best(job.queue))
+    state.index.push_ready(job)
+    state.dirty = True
 
 
 def _promote(state: QueueState, queue: str, now: float) -> None:

@@ -4,6 +4,7 @@ methods."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from objq_broker.model.records import QueueConfig
@@ -34,6 +35,9 @@ def declare(
     settings = QueueConfig() if config is None else settings_of(queue, config)
     doc.queues[queue] = settings
     state.index.add_queue(queue)
+    if settings.has_group_rules():
+        doc.grouped = True
+        state.index.set_rules(queue, settings)
     if settings.expires_seconds is not None and now is not None:
         doc.used[queue] = now
     state.dirty = True
@@ -98,13 +102,20 @@ def expire_queues(state: QueueState, now: float) -> int:
 
 
 def configure(
-    state: QueueState, queue: str, changes: dict[str, float | int | None], now: float = 0.0
+    state: QueueState,
+    queue: str,
+    changes: Mapping[str, bool | float | int | None],
+    now: float = 0.0,
 ) -> QueueConfig:
     current = state.config(queue)
     updated = settings_of(queue, current, changes)
     if updated != current:
         doc = state.doc
         doc.queues[queue] = updated
+        if updated.has_group_rules():
+            doc.grouped = True
+        if updated.has_group_rules() or current.has_group_rules():
+            state.index.set_rules(queue, updated)
         state.dirty = True
         state.retention_changed()
         if updated.expires_seconds is None:
@@ -124,6 +135,8 @@ def purge(state: QueueState, queue: str) -> int:
     in_runs = state.backlog.drop_runs(queue)
     for job in in_runs:
         state.drop_body(job)
+    state.doc.group_runs.pop(queue, None)
+    state.index.runs_front(queue, None)
     count = len(doomed) + len(in_runs)
     if count:
         state.dirty = True
@@ -147,6 +160,7 @@ def delete_queue(state: QueueState, queue: str) -> int:
     backlog.drop_key_runs(queue)
     del state.doc.queues[queue]
     state.doc.used.pop(queue, None)
+    state.doc.group_runs.pop(queue, None)
     state.removed_queues.append(queue)
     index.drop_queue(queue)
     state.dirty = True

@@ -64,7 +64,9 @@ def enqueue(state: QueueState, new: Iterable[NewJob], now: float) -> list[Job]:
             visible_at=now + max(item.delay_seconds, 0.0),
             max_attempts=item.max_attempts or config.max_attempts,
             key=item.key,
+            group=item.group,
         )
+        state.doc.grouped = state.doc.grouped or item.group is not None
         state.index.add(job)
         state.index.schedule(job, now)
         if len(job.body) > INLINE_MAX_BYTES:

@@ -16,9 +16,10 @@ import base64
 from typing import Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from objq_broker.errors import PayloadInvalid
-from objq_broker.model.checks import Attempts, PositiveSeconds, WriteRate
+from objq_broker.model.checks import Attempts, GroupConcurrency, PositiveSeconds, WriteRate
 
 #: The state format this code writes while no queue has runs (``docs/segments.md``); a state
 #: with runs is written as format 2, and one that holds an archive tail as format 3: each is
@@ -27,7 +28,16 @@ from objq_broker.model.checks import Attempts, PositiveSeconds, WriteRate
 FORMAT_VERSION = 1
 RUNS_FORMAT_VERSION = 2
 TAIL_FORMAT_VERSION = 3
-READABLE_FORMATS = (FORMAT_VERSION, RUNS_FORMAT_VERSION, TAIL_FORMAT_VERSION)
+#: A state that has ever held a job of a group, or a queue with group settings, is format 4
+#: (``docs/groups.md``): a release before groups would drop every job's group on its next
+#: write, and with it the order and the caps its group promised.
+GROUPS_FORMAT_VERSION = 4
+READABLE_FORMATS = (
+    FORMAT_VERSION,
+    RUNS_FORMAT_VERSION,
+    TAIL_FORMAT_VERSION,
+    GROUPS_FORMAT_VERSION,
+)
 #: How many commit ids the state remembers for resolving ambiguous writes.
 RECENT_COMMITS = 64
 #: How long the state remembers a broker client's last request (to apply a resent one once).
@@ -91,6 +101,8 @@ class Job(msgspec.Struct, omit_defaults=True):
     key: str | None = None
     #: Where the body is when it is kept out of the state ("bodies/<commit>.json#<index>").
     ref: str | None = None
+    #: The group (a tenant) the job belongs to (``docs/groups.md``); None: a group of its own.
+    group: str | None = None
 
     @property
     def payload(self) -> bytes:
@@ -153,6 +165,27 @@ class QueueConfig(msgspec.Struct):
     #: for this long: no claim, no heartbeat of its jobs, no declare (kombu's ``x-expires``;
     #: enqueues do not count). None: the queue never expires.
     expires_seconds: PositiveSeconds | None = None
+    #: At most this many jobs of one group leased or backing off at once (1: a group's jobs run
+    #: one after another, in order). Unset: no cap. Written only when set, so the settings of
+    #: a queue without groups are stored as before groups existed.
+    group_concurrency: GroupConcurrency | UnsetType = UNSET
+    #: False: claims take a queue's groups in plain (priority, seq) order, not fairly by how
+    #: many jobs each holds in flight. Unset: fair (``docs/groups.md``).
+    fairness: bool | UnsetType = UNSET
+
+    @property
+    def group_cap(self) -> int | None:
+        """The most jobs one group may hold in flight or backing off; None: no cap."""
+        return None if isinstance(self.group_concurrency, UnsetType) else self.group_concurrency
+
+    @property
+    def fair(self) -> bool:
+        """Whether claims share the queue fairly among its groups."""
+        return self.fairness is not False
+
+    def has_group_rules(self) -> bool:
+        """Whether a group setting is set (the state is then format 4)."""
+        return self.group_concurrency is not UNSET or self.fairness is not UNSET
 
 
 class KeyRecord(msgspec.Struct, array_like=True):
@@ -290,6 +323,11 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     gone: dict[str, float] = msgspec.field(default_factory=dict)
     #: The newest archive records, not yet written to an archive object (format 3 only).
     archive_tail: ArchiveTail | None = None
+    #: Set once a job of a group or a group setting entered the state: it is then format 4.
+    grouped: bool = False
+    #: Per queue, how many jobs of each group wait in its ready runs (``docs/groups.md``): a
+    #: group counted here has its later jobs in the head wait behind those.
+    group_runs: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
 
     def has_runs(self) -> bool:
         """Whether anything is kept out of the head (the state then needs format 2)."""
@@ -298,6 +336,8 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     def needed_format(self) -> int:
         """The oldest format that can hold this state: older releases refuse what they
         would otherwise overwrite without the parts they do not know."""
+        if self.grouped:
+            return GROUPS_FORMAT_VERSION
         if self.archive_tail is not None:
             return TAIL_FORMAT_VERSION
         return RUNS_FORMAT_VERSION if self.has_runs() else FORMAT_VERSION

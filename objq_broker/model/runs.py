@@ -233,6 +233,14 @@ class RunMerge:
         best = heapq.nsmallest(n, self._heap)
         return [self.refs[i].key for next_key, i in best if bound is None or next_key <= bound]
 
+    def peek(self, contents: Mapping[str, list[Job]]) -> Job | None:
+        """The best job left, if any and its run's ``contents`` are at hand."""
+        if not self._heap:
+            return None
+        ref = self.refs[self._heap[0][1]]
+        jobs = contents.get(ref.key)
+        return None if jobs is None else jobs[ref.taken]
+
     def take(self, contents: Mapping[str, list[Job]]) -> Job:
         """Take the best job left (the caller checked :meth:`best`); its run moves on."""
         _, index = heapq.heappop(self._heap)

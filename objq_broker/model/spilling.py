@@ -35,6 +35,8 @@ def spill(
             for job in jobs:
                 index.forget(job)
             index.clear_ready(queue)
+            index.spilled(queue, ready)
+            index.runs_front(queue, backlog.best(queue))
             backlog.keep_newest(queue, jobs)
             state.dirty = True
         delayed = index.take_delayed(queue, bound)

@@ -69,7 +69,7 @@ class QueueState:
         #: The dead letters in the head, by id.
         self.dead: dict[str, Job] = {job.id: job for job in self.doc.dead}
         #: The live jobs in the head, indexed for claims.
-        self.index = QueueIndex(self.doc.jobs, self.doc.queues)
+        self.index = QueueIndex(self.doc.jobs, self.doc.queues, self.doc.group_runs)
         #: The runs out of the head.
         self.backlog = Backlog(self.doc)
         #: Jobs that left the hot state since the last commit, oldest first.
@@ -214,6 +214,8 @@ class QueueState:
         return self.backlog.dead_run_jobs(queue, read_only=read_only)
 
     def runs_to_claim(self, queue: str, n: int) -> list[tuple[str, RunRef]]:
+        if self.index.grouped(queue):  # a claim of a grouped queue may move more into the head
+            n += leases.LOADS_PER_CLAIMED_JOB * n
         return self.backlog.runs_to_claim(queue, n)
 
     def runs_to_merge(self, run_jobs: int, at_least: int) -> list[tuple[str, RunRef]]:

@@ -48,6 +48,8 @@ class NewJob(msgspec.Struct, frozen=True):
     delay_seconds: SignedSeconds = 0.0
     max_attempts: Attempts | None = None
     key: Identifier | None = None
+    #: The group (a tenant) the job belongs to (``docs/groups.md``); None: its own.
+    group: Identifier | None = None
 
 
 class StagedBodies(msgspec.Struct, frozen=True):
@@ -139,7 +141,17 @@ def settings_of(
             f"queue {shown(queue, 80)}: unknown setting(s) {unknown}; accepted: {sorted(allowed)}"
         )
     merged = {name: getattr(base, name) for name in allowed} | changes
-    return checked(merged, QueueConfig, f"queue {shown(queue, 80)}")
+    # A group setting given None goes back to unset (its default), which is not written.
+    kept = {
+        name: value
+        for name, value in merged.items()
+        if value is not msgspec.UNSET and not (value is None and name in _UNSETTABLE)
+    }
+    return checked(kept, QueueConfig, f"queue {shown(queue, 80)}")
+
+
+#: Queue settings that are left out of the state until set (``None`` unsets them).
+_UNSETTABLE = frozenset({"group_concurrency", "fairness"})
 
 
 def snapshot(job: Job) -> Job:
@@ -173,6 +185,7 @@ def finished_job(
         max_attempts=item.max_attempts or config.max_attempts,
         key=item.key,
         finished_at=now,
+        group=item.group,
     )
 
 

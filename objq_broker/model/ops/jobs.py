@@ -7,11 +7,12 @@ from typing import Annotated, ClassVar, Literal
 
 from msgspec import Meta
 
-from objq_broker.errors import QueueNotFound
+from objq_broker.errors import ConfigurationError, QueueNotFound
 from objq_broker.model.checks import (
     MAX_CLAIM,
     MAX_ITEMS,
     Attempts,
+    ClaimWeight,
     ErrorText,
     Held,
     Identifier,
@@ -121,7 +122,9 @@ class EnqueueRuns(Op[int | None], frozen=True):
 
 
 class Claim(Op[list[Job]], frozen=True):
-    """Lease up to ``len(tokens)`` jobs, taking from each queue in turn until enough are found."""
+    """Lease up to ``len(tokens)`` jobs of ``queues``. A claim over several queues takes one
+    job at a time from the queue least served so far for its weight (``weights``, 1 each by
+    default) among those with ready work, so none starves (``docs/groups.md``)."""
 
     fresh: ClassVar[bool] = True
     consumer: ClassVar[bool] = True
@@ -133,19 +136,38 @@ class Claim(Op[list[Job]], frozen=True):
     #: Refuse (:class:`~objq_broker.errors.QueueNotFound`) when a queue is not declared,
     #: instead of finding nothing in it until an enqueue creates it.
     strict: bool = False
+    #: How many turns each queue gets in a rotation over several (one per queue); None: 1 each.
+    weights: Annotated[list[ClaimWeight], Meta(max_length=MAX_ITEMS)] | None = None
 
     def apply(self, state: QueueState, now: float) -> list[Job]:
         if self.strict:
             missing = [name for name in self.queues if name not in state.doc.queues]
             if missing:
                 raise QueueNotFound(state.not_declared(missing[0]))
-        found: list[Job] = []
-        for name in self.queues:
-            if len(found) >= len(self.tokens):
-                break
-            found += state.claim(
-                name, self.tokens[len(found) :], self.owner, now, self.lease_seconds
+        if self.weights is not None and len(self.weights) != len(self.queues):
+            raise ConfigurationError(
+                f"claim: expected one weight per queue ({len(self.queues)}), "
+                f"found {len(self.weights)}"
             )
+        if len(self.queues) == 1:
+            return state.claim(self.queues[0], self.tokens, self.owner, now, self.lease_seconds)
+        return self._rotate(state, now)
+
+    def _rotate(self, state: QueueState, now: float) -> list[Job]:
+        """One job at a time from the queue whose turn it is; a queue that has none is left
+        out of the rest of the claim."""
+        queues = list(dict.fromkeys(self.queues))
+        weight = dict(zip(self.queues, self.weights or [1] * len(self.queues), strict=True))
+        found: list[Job] = []
+        while len(found) < len(self.tokens) and queues:
+            for name in state.index.rotation(queues):
+                token = self.tokens[len(found) : len(found) + 1]
+                got = state.claim(name, token, self.owner, now, self.lease_seconds)
+                if got:
+                    state.index.served(name, weight[name])
+                    found += got
+                    break
+                queues.remove(name)
         return found
 
     def replay(self, state: QueueState, now: float) -> list[Job]:
