@@ -120,6 +120,7 @@ class _EnqueueArgs(msgspec.Struct, frozen=True):
     priority: Priority = 0
     delay: SignedSeconds = 0.0
     max_attempts: Attempts | None = None
+    group: Identifier | None = None
 
 
 class _Key(msgspec.Struct, frozen=True):
@@ -229,6 +230,9 @@ class JobOptions(TypedDict, total=False):
     delay: Delay
     #: Attempts before the job is dead-lettered (default None: the queue's ``max_attempts``).
     max_attempts: int | None
+    #: The group (a tenant) the job belongs to: claims are fair among a queue's groups, and
+    #: ``group_concurrency`` caps each (``docs/groups.md``). Default None: a group of its own.
+    group: str | None
 
 
 _JOB_OPTIONS = JobOptions.__optional_keys__ | JobOptions.__required_keys__
@@ -246,6 +250,7 @@ def _enqueue_args(queue: str, options: JobOptions, where: str) -> _EnqueueArgs:
         "queue": queue,
         "priority": options.get("priority", 0),
         "max_attempts": options.get("max_attempts"),
+        "group": options.get("group"),
     }
     delay = seconds(options.get("delay"), f"{where}: delay")
     return checked({**given, "delay": delay or 0.0}, _EnqueueArgs, where)
@@ -283,6 +288,7 @@ def enqueue(
                 args.delay,
                 args.max_attempts,
                 key,
+                args.group,
             )
         )
     if keys is not None and len(keys) != len(items):
@@ -299,6 +305,11 @@ def enqueue_staged(
 ) -> EnqueueStaged:
     where = f"staged enqueue to {shown(queue, 80)}"
     args = _enqueue_args(queue, options, where)
+    if args.group is not None:  # refused, not dropped: the jobs would lose their tenant
+        raise ConfigurationError(
+            f"{where}: expected no group (jobs of staged bodies carry none yet), found "
+            f"{shown(args.group, 80)}; enqueue them with enqueue_many(..., group=...)"
+        )
     items = [checked(msgspec.structs.asdict(item), StagedBodies, where) for item in staged]
     total = sum(item.count for item in items)
     base = uuid.uuid4().hex[:20]  # ids made before submitting: a replay is identical

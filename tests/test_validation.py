@@ -261,12 +261,22 @@ def test_operations_round_trip_on_the_wire_and_bad_ones_are_refused() -> None:
     for bad in (
         b'{"type": "Claim", "queues": ["q"], "tokens": ["t"], "owner": "o", "lease_seconds": 1e400}',  # noqa: E501
         b'{"type": "Claim", "queues": ["a/b"], "tokens": ["t"], "owner": "o"}',
-        b'{"type": "Configure", "queue": "q", "changes": {"max_attempts": true}}',
+        b'{"type": "Configure", "queue": "q", "changes": {"max_attempts": "3"}}',
         b'{"type": "Declare", "queue": "q", "config": {"max_attempts": 2.5}}',
         b'{"type": "Enqueue", "items": [{"id": "j", "queue": "q", "body": "x", "priority": 1e3}]}',
     ):
         with pytest.raises(msgspec.ValidationError):
             decoder.decode(bad)
+    # A change may be a flag (``fairness``), so a flag where a number belongs decodes, and is
+    # refused when applied: alone, as any setting out of range is.
+    flagged = decoder.decode(
+        b'{"type": "Configure", "queue": "q", "changes": {"max_attempts": true}}'
+    )
+    state = QueueState()
+    state.declare("q", None, 0.0)
+    with pytest.raises(ConfigurationError, match="max_attempts"):
+        flagged.apply(state, 0.0)
+    assert state.config("q").max_attempts == QueueConfig().max_attempts
 
 
 @pytest.mark.parametrize("value", [0, -1, math.inf, math.nan, 1e300, "4e9", True])

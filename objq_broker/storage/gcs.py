@@ -25,11 +25,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlencode
 
 from objq_broker.errors import (
     AccessDenied,
-    BucketNotFound,
     ConfigurationError,
     ObjectNotFound,
     PreconditionFailed,
@@ -45,7 +43,12 @@ from objq_broker.storage.base import (
     check_write_mode,
     clean_prefix,
     join_key,
-    without_userinfo,
+)
+from objq_broker.storage.cloud import (
+    bucket_url,
+    refuse_options_with_client,
+    refused,
+    status_refusal,
 )
 
 try:
@@ -145,13 +148,7 @@ class GCSStore:
         ).with_timeout(DEFAULT_RETRY_DEADLINE_SECONDS)
         if client is not None:
             given = {"endpoint_url": endpoint_url, "project": project}
-            clashing = sorted(name for name, value in given.items() if value is not None)
-            if clashing:
-                raise ConfigurationError(
-                    f"gs bucket {bucket!r}: got an injected client and also "
-                    f"{', '.join(clashing)}; configure the client, or pass these options "
-                    "without a client, not both"
-                )
+            refuse_options_with_client(f"gs bucket {bucket!r}", given)
             self._client = client
             self._owns_client = False
         else:
@@ -189,14 +186,8 @@ class GCSStore:
 
     @property
     def url(self) -> str:
-        query: dict[str, str] = {}
-        if self._endpoint_url is not None:
-            query["endpoint_url"] = without_userinfo(self._endpoint_url)
-        if self._project is not None:
-            query["project"] = self._project
-        path = f"/{self._prefix}" if self._prefix else ""
-        suffix = f"?{urlencode(query, safe=':/')}" if query else ""
-        return f"gs://{self._bucket_name}{path}{suffix}"
+        query = {"endpoint_url": self._endpoint_url, "project": self._project}
+        return bucket_url("gs", self._bucket_name, self._prefix, query)
 
     def _key(self, key: str) -> tuple[str, str]:
         """Check ``key`` and return (full object name, where-string for messages)."""
@@ -350,26 +341,12 @@ class GCSStore:
     ) -> StorageError:
         """The storage error an HTTP status of GCS stands for."""
         status = int(exc.code or 0)
+        refusal = status_refusal(status)
+        # GCS answers 404 for a missing bucket and a missing object alike.
+        if refusal == "no object" and (action == "list" or not self._bucket_exists()):
+            refusal = "no bucket"
         said = f"GCS said {status}: {exc.message}"
-        if status == 412:
-            expected = "no object (create-only)" if if_absent else f"version {if_version}"
-            return PreconditionFailed(
-                f"{where}: conditional {action} lost: expected {expected}, found another ({said})"
-            )
-        if status == 404:
-            if action == "list" or not self._bucket_exists():
-                return BucketNotFound(f"{where}: {action} failed: the bucket does not exist")
-            if if_version is not None:
-                return PreconditionFailed(
-                    f"{where}: conditional {action} lost: expected version {if_version}, "
-                    f"found no object ({said})"
-                )
-            return ObjectNotFound(f"{where}: no such object")
-        if status in (401, 403):
-            return AccessDenied(f"{where}: {action} refused ({said})")
-        if status in (408, 429) or status >= 500:
-            return StorageUnavailable(f"{where}: {action} failed transiently ({said})")
-        return StorageError(f"{where}: {action} failed ({said})")
+        return refused(refusal, where, action, said, if_absent=if_absent, if_version=if_version)
 
     def _bucket_exists(self) -> bool:
         """After a 404, tell a missing bucket from a missing object (asked until known)."""

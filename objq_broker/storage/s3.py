@@ -19,14 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode
 
 from objq_broker.errors import (
     AccessDenied,
-    BucketNotFound,
     ConfigurationError,
     ObjectNotFound,
-    PreconditionFailed,
     StorageError,
     StorageUnavailable,
     redacted,
@@ -40,7 +37,13 @@ from objq_broker.storage.base import (
     check_write_mode,
     clean_prefix,
     join_key,
-    without_userinfo,
+)
+from objq_broker.storage.cloud import (
+    Refusal,
+    bucket_url,
+    refuse_options_with_client,
+    refused,
+    status_refusal,
 )
 
 try:
@@ -118,13 +121,7 @@ class S3Store:
                 "read_timeout": read_timeout,
                 "max_attempts": max_attempts,
             }
-            clashing = sorted(name for name, value in given.items() if value is not None)
-            if clashing:
-                raise ConfigurationError(
-                    f"s3 bucket {bucket!r}: got an injected client and also "
-                    f"{', '.join(clashing)}; configure the client, or pass these options "
-                    "without a client, not both"
-                )
+            refuse_options_with_client(f"s3 bucket {bucket!r}", given)
             self._client = client
             self._owns_client = False
             return
@@ -157,13 +154,8 @@ class S3Store:
 
     @property
     def url(self) -> str:
-        query: dict[str, str] = {}
-        if self._endpoint_url is not None:
-            query["endpoint_url"] = without_userinfo(self._endpoint_url)
-        if self._region is not None:
-            query["region"] = self._region
-        path = f"/{self._prefix}" if self._prefix else ""
-        return f"s3://{self._bucket}{path}" + (f"?{urlencode(query, safe=':/')}" if query else "")
+        query = {"endpoint_url": self._endpoint_url, "region": self._region}
+        return bucket_url("s3", self._bucket, self._prefix, query)
 
     def _key(self, key: str) -> tuple[str, str]:
         """Check ``key`` and return (full S3 key, where-string for messages)."""
@@ -290,23 +282,21 @@ def _storage_error(
     code = str(error.get("Code", ""))
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
     said = redacted(f"S3 said {status} {code}: {error.get('Message', '')}".rstrip(": "))
-    if code in _PRECONDITION_CODES or status == 412:
-        expected = "no object (create-only)" if if_absent else f"version {if_version}"
-        return PreconditionFailed(
-            f"{where}: conditional {action} lost: expected {expected}, found another ({said})"
-        )
+    return refused(
+        _refusal(code, status), where, action, said, if_absent=if_absent, if_version=if_version
+    )
+
+
+def _refusal(code: str, status: int) -> Refusal:
+    """What S3's error code means, or else its HTTP status."""
+    if code in _PRECONDITION_CODES:
+        return "condition"
     if code == "NoSuchBucket":
-        return BucketNotFound(f"{where}: {action} failed: the bucket does not exist ({said})")
-    if code == "NoSuchKey" or status == 404:
-        if if_version is not None:
-            # S3 answers If-Match on a missing key with 404; the contract calls that a lost CAS.
-            return PreconditionFailed(
-                f"{where}: conditional {action} lost: expected version {if_version}, "
-                f"found no object ({said})"
-            )
-        return ObjectNotFound(f"{where}: no such object ({said})")
-    if code in _ACCESS_CODES or status in (401, 403):
-        return AccessDenied(f"{where}: {action} refused ({said})")
-    if code in _TRANSIENT_CODES or status >= 500 or status == 429:
-        return StorageUnavailable(f"{where}: {action} failed transiently ({said})")
-    return StorageError(f"{where}: {action} failed ({said})")
+        return "no bucket"
+    if code == "NoSuchKey":
+        return "no object"
+    if code in _ACCESS_CODES:
+        return "credentials"
+    if code in _TRANSIENT_CODES:
+        return "transient"
+    return status_refusal(status)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from objq_broker import ConfigurationError, LeaseLost, Queue
+from objq_broker.builders import StagedBodies
 from objq_broker.errors import QueueClosed
 from objq_broker.storage import MemoryStore
 
@@ -186,4 +187,35 @@ def test_a_misspelt_job_option_is_refused_and_adds_nothing(queue: Queue, call: s
             queue.enqueue("q", b"x", priorty=3)  # type: ignore[call-arg]
         else:
             queue.enqueue_many("q", [b"x"], priorty=3)  # type: ignore[call-arg]
+    assert queue.stats("q").ready == 0
+
+
+def test_a_tenant_with_a_backlog_does_not_hold_up_a_quiet_one(queue: Queue) -> None:
+    # Given a queue where tenant "big" enqueued a backlog before tenant "quiet" enqueued one
+    queue.declare("q")
+    queue.enqueue_many("q", [f"big {n}".encode() for n in range(50)], group="big")
+    queue.enqueue("q", b"quiet 0", group="quiet")
+    # When a worker claims, then a second worker claims while the first holds its job
+    (first,) = queue.claim("q")
+    (second,) = queue.claim("q")
+    # Then the second gets the quiet tenant's job, not the next of the backlog
+    assert (first.job.group, second.job.group) == ("big", "quiet")
+    assert second.job.payload == b"quiet 0"
+
+
+def test_group_concurrency_one_runs_a_groups_jobs_one_after_another(queue: Queue) -> None:
+    queue.declare("q", group_concurrency=1)
+    queue.enqueue_many("q", [b"a0", b"a1"], group="a")
+    (held,) = queue.claim("q", 5)
+    assert queue.claim("q") == []  # the next of the group waits while the first is leased
+    queue.ack(held)
+    (after,) = queue.claim("q")
+    assert (held.job.payload, after.job.payload) == (b"a0", b"a1")
+
+
+def test_a_group_on_staged_bodies_is_refused_and_adds_nothing(queue: Queue) -> None:
+    queue.declare("q")
+    staged = [StagedBodies("staging/w/b.json", 1)]
+    with pytest.raises(ConfigurationError, match="expected no group"):
+        queue.enqueue_staged("q", staged, write_id="w", group="tenant")
     assert queue.stats("q").ready == 0

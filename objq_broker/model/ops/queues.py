@@ -37,7 +37,7 @@ class Configure(Op[QueueConfig], frozen=True):
     produces: ClassVar[bool] = True
 
     queue: QueueName
-    changes: dict[str, int | float | None]
+    changes: dict[str, bool | int | float | None]
 
     def apply(self, state: QueueState, now: float) -> QueueConfig:
         return state.configure(self.queue, self.changes, now)
