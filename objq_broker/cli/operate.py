@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -10,10 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from objq_broker import builders
 from objq_broker.cli import cmdjob
 from objq_broker.cli.context import Context
 from objq_broker.cli.inspect import config_dict, parse_duration
 from objq_broker.cli.output import Cancelled, Progress, UsageError, confirm
+from objq_broker.model.ops import Enqueue
+from objq_broker.queue import Queue
 from objq_broker.typed.schema import PayloadInvalid, Schema
 
 #: Jobs per commit of a bulk enqueue (each batch is all-or-none).
@@ -81,6 +85,7 @@ def _enqueue_options(ctx: Context) -> dict[str, Any]:
         "priority": a.priority,
         "delay": None if a.delay is None else parse_duration(a.delay),
         "max_attempts": a.max_attempts,
+        "group": a.group,
     }
 
 
@@ -94,20 +99,29 @@ def cmd_enqueue(ctx: Context) -> int:
         )
     if a.key is not None and a.payload is None:
         raise UsageError("enqueue: --key names one job; it cannot be used with --file or --jsonl")
+    if a.group_field is not None and (a.jsonl is None or a.group is not None):
+        raise UsageError(
+            "enqueue: --group-field reads each line's group from --jsonl; expected --jsonl "
+            "and no --group, found " + ("--group" if a.group is not None else "no --jsonl")
+        )
     options = _enqueue_options(ctx)
     schema = _schema(a.schema)
     if a.payload is not None:
         payload = _checked(schema, a.payload.encode(), "PAYLOAD")
         return _enqueue_one(ctx, payload, key=a.key, **options)
-    payloads = list(_read_payloads(a.file or a.jsonl, jsonl=a.jsonl is not None, schema=schema))
+    lines = _read_payloads(a.file or a.jsonl, jsonl=a.jsonl is not None, schema=schema)
+    payloads = list(lines)
+    groups = None if a.group_field is None else _groups(payloads, a.group_field, a.jsonl)
     ctx.snapshot(create=True)
     queue = ctx.queue(create=True)
     bar = Progress(len(payloads), f"enqueue {a.queue}", enabled=None if not ctx.json else False)
     ids: list[str] = []
     try:
         for start in range(0, len(payloads), a.batch):
-            jobs = queue.enqueue_many(a.queue, payloads[start : start + a.batch], **options)
-            ids.extend(job.id for job in jobs)
+            chunk = slice(start, start + a.batch)
+            ids += _enqueue_chunk(
+                queue, a.queue, payloads[chunk], None if groups is None else groups[chunk], options
+            )
             bar.update(len(ids))
     except KeyboardInterrupt:
         raise Cancelled(
@@ -122,6 +136,41 @@ def cmd_enqueue(ctx: Context) -> int:
         f"enqueued {len(ids):,} jobs to {a.queue!r} in {commits} commits",
     )
     return 0
+
+
+def _groups(payloads: list[bytes], field: str, path: str) -> list[str | None]:
+    """Each JSON line's ``field`` (None where it has none), checked as a group name before
+    anything is enqueued."""
+    found: list[str | None] = []
+    for number, payload in enumerate(payloads, 1):
+        document = json.loads(payload)
+        group = document.get(field) if isinstance(document, dict) else None
+        if group is not None and (not isinstance(group, str) or not group):
+            raise UsageError(
+                f"{path}, document {number}: expected {field!r} to be a group name (a "
+                f"non-empty string), found {json.dumps(group)[:40]}"
+            )
+        found.append(group)
+    return found
+
+
+def _enqueue_chunk(
+    queue: Queue,
+    name: str,
+    payloads: list[bytes],
+    groups: list[str | None] | None,
+    options: dict[str, Any],
+) -> list[str]:
+    """Enqueue ``payloads`` to ``name`` in one commit (each of its group, if ``groups``, in
+    the lines' order); the job ids, in that order."""
+    if groups is None:
+        return [job.id for job in queue.enqueue_many(name, payloads, **options)]
+    items = []
+    lines = zip(groups, payloads, strict=True)
+    for group, stretch in itertools.groupby(lines, key=lambda line: line[0]):
+        given = [payload for _, payload in stretch]
+        items += builders.enqueue(name, given, **{**options, "group": group}).items
+    return [job.id for job in queue.submit(Enqueue(items)).result()]
 
 
 def _enqueue_one(ctx: Context, payload: bytes, *, key: str | None, **options: Any) -> int:

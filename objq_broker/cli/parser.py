@@ -211,6 +211,12 @@ def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         help="check every payload against this type before anything is committed",
     )
     sub.add_argument("--batch", type=values.whole(), default=operate.DEFAULT_ENQUEUE_BATCH)
+    sub.add_argument(
+        "--group-field",
+        metavar="FIELD",
+        type=values.utf8_text,
+        help="with --jsonl: each line's top-level FIELD names its job's group",
+    )
     _job_options(sub)
 
     sub = _add(
@@ -396,6 +402,12 @@ def _job_options(sub: argparse.ArgumentParser) -> None:
         help="run no earlier than this (30s, 2h)",
     )
     sub.add_argument("--max-attempts", type=values.whole(1, MAX_ATTEMPTS))
+    sub.add_argument(
+        "--group",
+        type=values.utf8_text,
+        metavar="NAME",
+        help="the group (tenant) of the jobs: claims are fair among groups",
+    )
     sub.add_argument("--key", type=values.utf8_text, help="idempotency key")
 
 

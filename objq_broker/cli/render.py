@@ -24,6 +24,7 @@ def job_dict(job: Job, state: str, *, payload: bool = True) -> dict[str, Any]:
         "finished_at": job.finished_at,
         "error": job.error,
         "key": job.key,
+        "group": job.group,
         "lease": None
         if job.lease is None
         else {"owner": job.lease.owner, "expires_at": job.lease.expires_at},

@@ -25,6 +25,7 @@ from objq_broker.model.checks import (
     PRIORITY_RANGE,
     Attempts,
     ClaimCount,
+    Identifier,
     PositiveSeconds,
     checked,
 )
@@ -79,6 +80,8 @@ class _SendOptions(msgspec.Struct):
 
     delay: Milliseconds | None = None
     broker_priority: BrokerPriority | None = None
+    #: The message's group (a tenant): ``docs/groups.md``.
+    group: Identifier | None = None
 
 
 class ObjqBroker(dramatiq.Broker):
@@ -156,7 +159,7 @@ class ObjqBroker(dramatiq.Broker):
         self.max_deliveries = settings.max_deliveries
         self.max_claim = settings.max_claim
         self.fail_fast_default = fail_fast_default
-        self.actor_options.add("broker_priority")
+        self.actor_options.update({"broker_priority", "group"})
         self._consumers: weakref.WeakSet[ObjqConsumer] = weakref.WeakSet()
         # message id -> the exception it was dead-lettered with (kept only in fail-fast mode)
         self._failures: collections.OrderedDict[str, BaseException | None] = (
@@ -194,6 +197,9 @@ class ObjqBroker(dramatiq.Broker):
         priority = actor.options.get("broker_priority")
         where = f"ObjqBroker: actor {actor.actor_name!r}"
         checked({"broker_priority": priority}, _SendOptions, where)
+        group = actor.options.get("group")
+        if group is not None and not callable(group):
+            checked({"group": group}, _SendOptions, where)
         super().declare_actor(actor)
 
     def declare_queue(self, queue_name: str) -> None:
@@ -232,18 +238,28 @@ class ObjqBroker(dramatiq.Broker):
                 message.encode(),
                 priority=-(sent.broker_priority or 0),
                 delay=None if sent.delay is None else max(sent.delay, 0) / 1000.0,
+                group=sent.group,
             )
         self.emit_after("enqueue", message, delay)
         return message
 
     def _send_options(self, message: dramatiq.Message[Any], delay: float | None) -> _SendOptions:
-        """The message's delay (milliseconds) and ``broker_priority`` (its own, else its
-        actor's), checked; :class:`ConfigurationError` naming the one refused."""
+        """The message's delay (milliseconds), ``broker_priority`` and ``group`` (its own,
+        else its actor's; an actor's ``group`` may be a function of the message), checked;
+        :class:`ConfigurationError` naming the one refused."""
+        actor = self.actors.get(message.actor_name)
+        options = actor.options if actor is not None else {}
         priority = message.options.get("broker_priority")
-        if priority is None and message.actor_name in self.actors:
-            priority = self.actors[message.actor_name].options.get("broker_priority")
+        if priority is None:
+            priority = options.get("broker_priority")
+        group = message.options.get("group")
+        if group is None:
+            group = options.get("group")
+        if callable(group):
+            group = group(message)
         where = f"ObjqBroker: message to actor {message.actor_name!r} (delay in milliseconds)"
-        return checked({"delay": delay, "broker_priority": priority}, _SendOptions, where)
+        given = {"delay": delay, "broker_priority": priority, "group": group}
+        return checked(given, _SendOptions, where)
 
     def get_declared_queues(self) -> set[str]:
         return set(self.queues)

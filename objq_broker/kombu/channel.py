@@ -110,7 +110,11 @@ class Channel(DeclaringChannel):
         ever. Such a binding is removed here. Sent to a queue by name, it declares it."""
         payload = dumps(message).encode()
         priority = -self._get_message_priority(message)
-        routed = bool(message.get("properties", {}).get("delivery_info", {}).get("exchange"))
+        properties = message.get("properties", {})
+        routed = bool(properties.get("delivery_info", {}).get("exchange"))
+        # The property kombu's SQS transport sends as the message group: a Celery task sent
+        # with apply_async(..., MessageGroupId="tenant-42") names its tenant the same way here.
+        group = properties.get("MessageGroupId")
         names = list(queues)
         futures = [
             self.client.submit(
@@ -120,6 +124,7 @@ class Channel(DeclaringChannel):
                     priority=priority,
                     max_attempts=self.settings.max_deliveries,
                     to_declared=routed,
+                    group=None if group is None else str(group),
                 )
             )
             for queue in names

@@ -290,3 +290,24 @@ def test_results_purge_deletes_expired_results_then_old_ones_when_told(
     done = objq("results", "purge", "--older-than", "0s", "-y", url=cli_url)
     assert done.code == 0 and "1 results deleted" in done.stdout
     assert results.names() == []
+
+
+def test_jsonl_lines_name_their_group_by_a_field_in_order_and_in_one_commit(
+    objq: Objq, file_url: str, tmp_path: Path
+) -> None:
+    lines = tmp_path / "jobs.jsonl"
+    lines.write_text('{"t": "a", "n": 1}\n{"t": "a", "n": 2}\n{"t": "b", "n": 3}\n{"n": 4}\n')
+    assert objq("declare", "q", url=file_url).code == 0
+    before = objq("status", "--json", url=file_url).json()["version"]
+
+    done = objq("enqueue", "q", "--jsonl", str(lines), "--group-field", "t", url=file_url)
+    one = objq("enqueue", "q", "solo", "--group", "c", url=file_url)
+
+    assert (done.code, one.code) == (0, 0), done.stderr + one.stderr
+    listed = objq("jobs", "list", "q", "--json", url=file_url).json()
+    shown = [(job["payload"], job["group"]) for job in listed]
+    assert shown == [
+        ('{"t": "a", "n": 1}', "a"), ('{"t": "a", "n": 2}', "a"), ('{"t": "b", "n": 3}', "b"),
+        ('{"n": 4}', None), ("solo", "c"),
+    ]  # fmt: skip
+    assert objq("status", "--json", url=file_url).json()["version"] - before == 2

@@ -134,3 +134,18 @@ def test_report_passes_its_arguments_through(objq: Objq, file_url: str) -> None:
     helped = objq("report", "--help", url=file_url)
     assert helped.code == 0, helped.stderr
     assert "--since" in helped.stdout and "--out" in helped.stdout
+
+
+def test_a_group_field_that_is_not_a_name_refuses_the_whole_file(
+    objq: Objq, file_url: str, tmp_path: Path
+) -> None:
+    lines = tmp_path / "jobs.jsonl"
+    lines.write_text('{"t": "a"}\n{"t": 7}\n')
+    assert objq("declare", "q", url=file_url).code == 0
+
+    refused = objq("enqueue", "q", "--jsonl", str(lines), "--group-field", "t", url=file_url)
+    without = objq("enqueue", "q", "--file", str(lines), "--group-field", "t", url=file_url)
+
+    one_line_error(refused, 2, "document 2: expected 't' to be a group name")
+    one_line_error(without, 2, "--group-field reads each line's group from --jsonl")
+    assert objq("status", "--json", url=file_url).json()["queues"][0]["ready"] == 0

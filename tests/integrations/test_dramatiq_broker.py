@@ -224,3 +224,29 @@ def test_messages_claimed_beyond_the_prefetch_are_given_back_when_threads_are_sl
     for message in held:
         consumer.ack(message)
     consumer.close()
+
+
+def test_a_message_names_its_group_by_its_own_option_or_its_actors(broker: ObjqBroker) -> None:
+    @dramatiq.actor(group=lambda message: f"tenant-{message.kwargs['tenant']}")
+    def per_tenant(tenant: int) -> None: ...
+
+    @dramatiq.actor
+    def plain() -> None: ...
+
+    per_tenant.send(tenant=7)
+    per_tenant.send_with_options(kwargs={"tenant": 7}, group="override")
+    plain.send_with_options(group="tenant-9")
+    plain.send_with_options(group="tenant-9", delay=60_000)  # the group travels via the DQ
+    plain.send()
+    groups = [job.group for _, job in broker.client.jobs("default")]
+    assert sorted(groups, key=str) == [None, "override", "tenant-7", "tenant-9"]
+    assert [job.group for _, job in broker.client.jobs("default.DQ")] == ["tenant-9"]
+
+
+def test_a_bad_group_is_refused_with_the_actor_named(broker: ObjqBroker) -> None:
+    @dramatiq.actor
+    def plain() -> None: ...
+
+    with pytest.raises(ConfigurationError, match="'plain'.*group"):
+        plain.send_with_options(group="")
+    assert broker.client.jobs("default") == []

@@ -425,3 +425,13 @@ def test_celery_loads_the_transport_by_class_path(store_url: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["objq_broker.kombu.transport", "broker_transport"]
+
+
+def test_a_message_group_id_names_the_jobs_group(connect: Any, store_url: str) -> None:
+    # As kombu's SQS transport reads it: Celery's apply_async(..., MessageGroupId=...)
+    conn = connect()
+    publish(conn, "work", {"n": 1}, MessageGroupId="tenant-42")
+    publish(conn, "work", {"n": 2})
+    conn.default_channel.client.flush()
+    with Queue(store_url) as q:
+        assert sorted(str(job.group) for _, job in q.jobs("work")) == ["None", "tenant-42"]
