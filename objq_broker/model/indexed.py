@@ -325,9 +325,12 @@ class QueueIndex:
         return due
 
     def ready_past(self, queue: str, bound: int) -> list[Job]:
-        """The ready jobs of ``queue`` in claim order when there are more than ``bound`` of
-        them (none otherwise), to be written out: :meth:`forget` them, then
-        :meth:`clear_ready`."""
+        """The ready jobs of ``queue`` to write out, in claim order, when there are more
+        than ``bound`` of them (none otherwise): :meth:`forget` them, then
+        :meth:`drop_forgotten`. All of them, unless the queue's jobs name groups: then the
+        groups with the most ready jobs, whole, until at most half of ``bound`` is left, so
+        quiet groups keep their jobs in the head and their turn (a job in runs waits for the
+        runs' order, behind a large group's backlog)."""
         heap = self._ready.get(queue, [])
         lines = self._lines.get(queue)
         if lines is not None:
@@ -337,15 +340,35 @@ class QueueIndex:
         live = [entry for entry in heap if self._entry.get(entry[2]) == entry]
         if len(live) <= bound:
             return []
+        if lines is not None:
+            live = self._largest_groups(live, len(live) - bound // 2)
         return [self.jobs[entry[2]] for entry in sorted(live)]
 
-    def clear_ready(self, queue: str) -> None:
-        """Empty ``queue``'s ready heap, whose jobs were all forgotten."""
-        self._ready.get(queue, []).clear()
+    def _largest_groups(self, live: list[ReadyEntry], at_least: int) -> list[ReadyEntry]:
+        """The entries of the groups with the most of ``live`` (jobs of no group count as
+        one group), whole, until they are ``at_least``."""
+        by_group: dict[str | None, list[ReadyEntry]] = {}
+        for entry in live:
+            by_group.setdefault(self.jobs[entry[2]].group, []).append(entry)
+        chosen: list[ReadyEntry] = []
+        for entries in sorted(by_group.values(), key=len, reverse=True):
+            if len(chosen) >= at_least:
+                break
+            chosen += entries
+        return chosen
+
+    def drop_forgotten(self, queue: str) -> None:
+        """Drop the entries of ``queue``'s ready heaps whose jobs were forgotten (written out
+        into runs), and place its groups again."""
+        heap = self._ready.get(queue)
+        if heap is not None:
+            heap[:] = [entry for entry in heap if self._entry.get(entry[2]) == entry]
+            heapq.heapify(heap)
         lines = self._lines.get(queue)
         if lines is not None:
-            for group in list(lines.lines):
-                lines.lines[group].clear()
+            for group, line in list(lines.lines.items()):
+                line[:] = [entry for entry in line if self._entry.get(entry[2]) == entry]
+                heapq.heapify(line)
                 lines.place(group)
 
     def take_delayed(self, queue: str, bound: int) -> list[Job]:

@@ -19,11 +19,12 @@ def spill(
     state: QueueState, bound: int, key_for: Callable[[int], str], *, run_jobs: int = MAX_RUN_JOBS
 ) -> None:
     """Move the ready jobs of each queue that has more than ``bound`` of them in the head
-    into new runs of at most ``run_jobs`` jobs (keyed ``key_for(n)``), to be written before
-    the head (:attr:`~objq_broker.model.backlog.Backlog.new_runs`); delayed jobs, dead
-    letters and idempotency keys likewise. Their bodies stay counted: the runs refer to them
-    as the head did. The runs' jobs are not kept here: a claim reads them back, so a
-    producer does not hold the backlog it wrote."""
+    (of a queue whose jobs name groups, those of its largest groups) into new runs of at
+    most ``run_jobs`` jobs (keyed ``key_for(n)``), to be written before the head
+    (:attr:`~objq_broker.model.backlog.Backlog.new_runs`); delayed jobs, dead letters and
+    idempotency keys likewise. Their bodies stay counted: the runs refer to them as the head
+    did. The runs' jobs are not kept here: a claim reads them back, so a producer does not
+    hold the backlog it wrote."""
     index, backlog = state.index, state.backlog
     for queue in index.queues():
         # Only jobs already known ready: promoting here would also expire leases, which
@@ -34,7 +35,7 @@ def spill(
             backlog.write_out(queue, "ready", jobs, key_for, run_jobs)
             for job in jobs:
                 index.forget(job)
-            index.clear_ready(queue)
+            index.drop_forgotten(queue)
             index.spilled(queue, ready)
             index.runs_front(queue, backlog.best(queue))
             backlog.keep_newest(queue, jobs)

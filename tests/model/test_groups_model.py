@@ -278,3 +278,19 @@ def test_a_state_without_groups_names_no_group_and_keeps_its_format() -> None:
     assert b"group" not in data and b"fairness" not in data and b'"format":1' in data
     state.enqueue([NewJob("k", Q, "x", group="t")], 1000.0)
     assert b'"format":4' in state.encode()
+
+
+def test_a_spill_writes_out_the_largest_groups_and_keeps_quiet_ones_in_the_head() -> None:
+    # Given a head past the bound: one tenant's backlog, and two quiet tenants after it
+    state = QueueState()
+    state.enqueue([NewJob(f"a{i}", Q, "x", group="A") for i in range(30)], 1000.0)
+    state.enqueue([NewJob(f"q{i}", Q, "x", group=f"T{i}") for i in range(2)], 1000.0)
+    # When it spills
+    state.spill(20, functools.partial(run_key, 1, "c1"), run_jobs=100)
+    # Then A's jobs went to runs and the quiet tenants' stayed: with A holding one job, the
+    # next claims are theirs (in runs, they would have waited behind all of A's)
+    [(_, data)] = state.backlog.new_runs
+    [ref] = state.doc.runs[Q]
+    assert [job.group for job in decode_run(ref, Q, data)] == ["A"] * 30
+    claimed = [state.claim(Q, [f"t{n}"], "w", 1001.0)[0].id for n in range(3)]
+    assert claimed == ["a0", "q0", "q1"]
