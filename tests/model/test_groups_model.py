@@ -294,3 +294,13 @@ def test_a_spill_writes_out_the_largest_groups_and_keeps_quiet_ones_in_the_head(
     assert [job.group for job in decode_run(ref, Q, data)] == ["A"] * 30
     claimed = [state.claim(Q, [f"t{n}"], "w", 1001.0)[0].id for n in range(3)]
     assert claimed == ["a0", "q0", "q1"]
+
+
+def test_an_ordered_claim_over_several_queues_takes_from_the_first_until_enough() -> None:
+    state = QueueState()
+    state.enqueue([NewJob(f"a{i}", "a", "x") for i in range(2)], 1000.0)
+    state.enqueue([NewJob(f"b{i}", "b", "x") for i in range(2)], 1000.0)
+    # The rotation has served "a": an ordered claim still takes from it first
+    Claim(queues=["b", "a"], tokens=["t"], owner="w").apply(state, 1000.0)
+    ordered = Claim(queues=["a", "b"], tokens=["u0", "u1", "u2"], owner="w", ordered=True)
+    assert [job.id for job in ordered.apply(state, 1000.0)] == ["a0", "a1", "b1"]

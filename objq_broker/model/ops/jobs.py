@@ -138,6 +138,10 @@ class Claim(Op[list[Job]], frozen=True):
     strict: bool = False
     #: How many turns each queue gets in a rotation over several (one per queue); None: 1 each.
     weights: Annotated[list[ClaimWeight], Meta(max_length=MAX_ITEMS)] | None = None
+    #: Take from each queue in the order given until enough are found, instead of in turn:
+    #: for a caller that orders them itself (kombu's channel puts the queues of control
+    #: messages first, so a revoke is seen before the task it revokes, and turns the rest).
+    ordered: bool = False
 
     def apply(self, state: QueueState, now: float) -> list[Job]:
         if self.strict:
@@ -151,7 +155,18 @@ class Claim(Op[list[Job]], frozen=True):
             )
         if len(self.queues) == 1:
             return state.claim(self.queues[0], self.tokens, self.owner, now, self.lease_seconds)
+        if self.ordered:
+            return self._in_order(state, now)
         return self._rotate(state, now)
+
+    def _in_order(self, state: QueueState, now: float) -> list[Job]:
+        found: list[Job] = []
+        for name in self.queues:
+            if len(found) >= len(self.tokens):
+                break
+            tokens = self.tokens[len(found) :]
+            found += state.claim(name, tokens, self.owner, now, self.lease_seconds)
+        return found
 
     def _rotate(self, state: QueueState, now: float) -> list[Job]:
         """One job at a time from the queue whose turn it is; a queue that has none is left
