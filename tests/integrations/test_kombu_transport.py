@@ -435,3 +435,19 @@ def test_a_message_group_id_names_the_jobs_group(connect: Any, store_url: str) -
     conn.default_channel.client.flush()
     with Queue(store_url) as q:
         assert sorted(str(job.group) for _, job in q.jobs("work")) == ["None", "tenant-42"]
+
+
+def test_celerys_apply_async_message_group_id_reaches_the_job(store_url: str) -> None:
+    from celery import Celery
+
+    app = Celery("groups", broker=f"objq+{store_url}")
+
+    @app.task
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    add.apply_async((1, 2), MessageGroupId="tenant-42")
+    add.apply_async((1, 3))
+    app.close()
+    with Queue(store_url) as q:
+        assert [job.group for _, job in q.jobs("celery")] == ["tenant-42", None]
