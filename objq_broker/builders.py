@@ -261,13 +261,17 @@ def enqueue(
     payloads: Iterable[bytes],
     *,
     keys: Sequence[str | None] | None = None,
+    groups: Sequence[str | None] | None = None,
     to_declared: bool = False,
     **options: Unpack[JobOptions],
 ) -> Enqueue:
-    """``to_declared``: add nothing if the queue does not exist (a routed message whose
-    binding outlived its queue); otherwise the queue is declared by this first use."""
+    """``keys`` and ``groups``: each payload's own (``groups`` instead of ``group``).
+    ``to_declared``: add nothing if the queue does not exist (a routed message whose binding
+    outlived its queue); otherwise the queue is declared by this first use."""
     where = f"enqueue to {shown(queue, 80)}"
     args = _enqueue_args(queue, options, where)
+    if groups is not None and args.group is not None:
+        raise ConfigurationError(f"{where}: expected group or groups, found both")
     items: list[NewJob] = []
     for index, payload in enumerate(payloads):
         if not isinstance(payload, bytes | bytearray | memoryview):
@@ -278,6 +282,9 @@ def enqueue(
         key = None if keys is None or index >= len(keys) else keys[index]
         if key is not None:
             checked({"key": key}, _Key, where)
+        group = args.group if groups is None or index >= len(groups) else groups[index]
+        if group is not None and groups is not None:
+            checked({"queue": args.queue, "group": group}, _EnqueueArgs, where)
         items.append(
             NewJob(
                 uuid.uuid4().hex,
@@ -288,11 +295,12 @@ def enqueue(
                 args.delay,
                 args.max_attempts,
                 key,
-                args.group,
+                group,
             )
         )
-    if keys is not None and len(keys) != len(items):
-        raise ConfigurationError(f"{where}: {len(items)} payloads but {len(keys)} keys")
+    for name, given in (("keys", keys), ("groups", groups)):
+        if given is not None and len(given) != len(items):
+            raise ConfigurationError(f"{where}: {len(items)} payloads but {len(given)} {name}")
     return Enqueue(items, to_declared)
 
 

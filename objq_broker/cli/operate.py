@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import sys
@@ -16,7 +15,6 @@ from objq_broker.cli import cmdjob
 from objq_broker.cli.context import Context
 from objq_broker.cli.inspect import config_dict, parse_duration
 from objq_broker.cli.output import Cancelled, Progress, UsageError, confirm
-from objq_broker.model.ops import Enqueue
 from objq_broker.queue import Queue
 from objq_broker.typed.schema import PayloadInvalid, Schema
 
@@ -161,16 +159,13 @@ def _enqueue_chunk(
     groups: list[str | None] | None,
     options: dict[str, Any],
 ) -> list[str]:
-    """Enqueue ``payloads`` to ``name`` in one commit (each of its group, if ``groups``, in
-    the lines' order); the job ids, in that order."""
+    """Enqueue ``payloads`` to ``name`` in one commit (each of its group, if ``groups``); the
+    job ids, in the payloads' order."""
     if groups is None:
         return [job.id for job in queue.enqueue_many(name, payloads, **options)]
-    items = []
-    lines = zip(groups, payloads, strict=True)
-    for group, stretch in itertools.groupby(lines, key=lambda line: line[0]):
-        given = [payload for _, payload in stretch]
-        items += builders.enqueue(name, given, **{**options, "group": group}).items
-    return [job.id for job in queue.submit(Enqueue(items)).result()]
+    given = {key: value for key, value in options.items() if key != "group"}
+    op = builders.enqueue(name, payloads, groups=groups, **given)
+    return [job.id for job in queue.submit(op).result()]
 
 
 def _enqueue_one(ctx: Context, payload: bytes, *, key: str | None, **options: Any) -> int:

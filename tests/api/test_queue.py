@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from objq_broker import ConfigurationError, LeaseLost, Queue
+from objq_broker import ConfigurationError, LeaseLost, Queue, builders
 from objq_broker.builders import StagedBodies
 from objq_broker.errors import QueueClosed
 from objq_broker.storage import MemoryStore
@@ -219,3 +219,15 @@ def test_a_group_on_staged_bodies_is_refused_and_adds_nothing(queue: Queue) -> N
     with pytest.raises(ConfigurationError, match="expected no group"):
         queue.enqueue_staged("q", staged, write_id="w", group="tenant")
     assert queue.stats("q").ready == 0
+
+
+def test_each_payload_may_name_its_own_group_and_a_mismatch_is_refused(queue: Queue) -> None:
+    queue.declare("q")
+    jobs = queue.submit(builders.enqueue("q", [b"a", b"b"], groups=["t1", None])).result()
+    assert [job.group for job in jobs] == ["t1", None]
+    with pytest.raises(ConfigurationError, match="2 payloads but 1 groups"):
+        builders.enqueue("q", [b"a", b"b"], groups=["t1"])
+    with pytest.raises(ConfigurationError, match="expected group or groups, found both"):
+        builders.enqueue("q", [b"a"], groups=["t1"], group="t2")
+    with pytest.raises(ConfigurationError, match="group"):
+        builders.enqueue("q", [b"a"], groups=[""])
