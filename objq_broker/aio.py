@@ -21,7 +21,7 @@ from typing import Any, TypeVar, Unpack
 
 from objq_broker import builders
 from objq_broker.builders import Delay, Delivery, JobOptions, heartbeat_interval
-from objq_broker.core import QueueCore, QueueOptions
+from objq_broker.core import ClaimOptions, QueueCore, QueueOptions
 from objq_broker.engine.batch import EngineMetrics
 from objq_broker.model.checks import checked_timeout, shown
 from objq_broker.model.ops import (
@@ -179,9 +179,8 @@ class AsyncQueue:
         queue: str | Sequence[str],
         n: int = 1,
         *,
-        lease: Delay = None,
-        owner: str | None = None,
         timeout: float | None = None,
+        **options: Unpack[ClaimOptions],
     ) -> list[Delivery]:
         timeout = checked_timeout(timeout, f"claim from {shown(queue, 80)}")
         end = None if timeout is None else time.monotonic() + timeout
@@ -192,7 +191,7 @@ class AsyncQueue:
         try:
             while True:
                 seen = self.core.commits
-                claim = self.core.submit_claim(queue, n, lease=lease, owner=owner)
+                claim = self.core.submit_claim(queue, n, **options)
                 found = await asyncio.wrap_future(self.core.then_fill(claim))
                 if not found and claim.result():
                     continue  # every job it found was poison, dead-lettered: look again

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from objq_broker import builders
 from objq_broker.broker.settings import BrokerSettings, broker_settings
@@ -38,6 +38,7 @@ from objq_broker.errors import (
     StateCorrupt,
     job_error,
 )
+from objq_broker.model.checks import shown
 from objq_broker.model.ops import Claim, Op
 from objq_broker.model.records import Job
 from objq_broker.model.settings import read_settings
@@ -74,6 +75,18 @@ class QueueOptions(EngineOptions, StoreOptions, total=False):
     broker_advertise: str | None
     broker_token: str | None
     broker_takeover_seconds: float
+
+
+class ClaimOptions(TypedDict, total=False):
+    """How a claim holds the jobs it takes, as keywords of each way to claim."""
+
+    #: Seconds the lease lasts (default None: the queue's ``lease_seconds``).
+    lease: Delay
+    #: Who the jobs are held for (default None: the queue's ``owner``).
+    owner: str | None
+
+
+_CLAIM_OPTIONS = ClaimOptions.__optional_keys__ | ClaimOptions.__required_keys__
 
 
 class QueueCore:
@@ -130,35 +143,39 @@ class QueueCore:
         durable; its result."""
         return self.committer.call(op)
 
-    def claim_op(
-        self, queues: str | Sequence[str], n: int, lease: Delay, owner: str | None
-    ) -> Claim:
-        """The claim of up to ``n`` jobs from ``queues`` by ``owner`` (default: this core's)."""
+    def claim_op(self, queues: str | Sequence[str], n: int, options: ClaimOptions) -> Claim:
+        """The claim of up to ``n`` jobs from ``queues`` by ``options``' owner (default: this
+        core's)."""
         names = [queues] if isinstance(queues, str) else list(queues)
+        unknown = sorted(set(options) - _CLAIM_OPTIONS)
+        if unknown:  # a misspelt keyword must not be dropped without a word
+            expected = ", ".join(sorted(_CLAIM_OPTIONS))
+            raise TypeError(
+                f"claim from {shown(names, 120)}: unexpected keyword "
+                f"{', '.join(map(repr, unknown))}; expected {expected} (or the call's own)"
+            )
         return builders.claim(
-            names, n, lease=lease, owner=owner or self.owner, strict=not self.implicit_queues
+            names,
+            n,
+            lease=options.get("lease"),
+            owner=options.get("owner") or self.owner,
+            strict=not self.implicit_queues,
         )
 
     def submit_claim(
-        self,
-        queues: str | Sequence[str],
-        n: int = 1,
-        *,
-        lease: Delay = None,
-        owner: str | None = None,
+        self, queues: str | Sequence[str], n: int = 1, **options: Unpack[ClaimOptions]
     ) -> Future[list[Delivery]]:
         """Lease up to ``n`` ready jobs, from one queue or several (taking from each in the
         order given until ``n`` are found: a consumer of many queues polls them all with one
         write, not one per queue)."""
-        claim = self.submit(self.claim_op(queues, n, lease, owner))
+        claim = self.submit(self.claim_op(queues, n, options))
         return _mapped(claim, builders.deliveries)
 
     def claim_filled(
         self,
         queues: str | Sequence[str],
         n: int,
-        lease: Delay,
-        owner: str | None,
+        options: ClaimOptions,
         end: float | None,
     ) -> list[Delivery]:
         """One claim, payloads loaded, waiting for it. If it finds nothing and there is time
@@ -166,7 +183,7 @@ class QueueCore:
         when there is one. (The first goes with this process's other operations, its acks say,
         in one request.)"""
         while True:
-            jobs = self.call(self.claim_op(queues, n, lease, owner))
+            jobs = self.call(self.claim_op(queues, n, options))
             claimed = builders.deliveries(jobs)
             found = self._filled(claimed)
             if found or not claimed:
@@ -176,7 +193,7 @@ class QueueCore:
         left = 0.0 if end is None else end - time.monotonic()
         if found or left <= 0:
             return found
-        waited = self.committer.claim_waiting(self.claim_op(queues, n, lease, owner), left)
+        waited = self.committer.claim_waiting(self.claim_op(queues, n, options), left)
         return found if waited is None else self._filled(builders.deliveries(waited))
 
     def _filled(self, claimed: list[Delivery]) -> list[Delivery]:

@@ -26,11 +26,13 @@ from objq_broker.builders import Delay, Delivery, JobOptions, default_owner, hea
 from objq_broker.core import (
     DEFAULT_MAX_POLL_SECONDS,
     DEFAULT_POLL_SECONDS,
+    ClaimOptions,
     QueueCore,
     QueueOptions,
     settle,
 )
 from objq_broker.engine.batch import EngineMetrics
+from objq_broker.engine.parts import Forwarded
 from objq_broker.engine.port import Committer
 from objq_broker.model.checks import checked_timeout, shown
 from objq_broker.model.ops import (
@@ -109,46 +111,36 @@ class Queue:
 
     # --- what the core holds ---------------------------------------------------------------
 
-    @property
-    def store(self) -> MeteredStore:
-        """The store, every request to it counted (:attr:`storage_meter`) for the metrics."""
-        return self.core.store
+    store = Forwarded[MeteredStore](
+        "core", "The store, every request to it counted (:attr:`storage_meter`) for the metrics."
+    )
 
     @property
     def storage_meter(self) -> StorageMeter:
         return self.core.store.meter
 
-    @property
-    def committer(self) -> Committer:
-        """Where operations go: the local group-commit engine, or a broker that commits for
-        every process of the namespace."""
-        return self.core.committer
-
-    @property
-    def owner(self) -> str:
-        """Who claims hold jobs for unless a claim names another (``objq workers`` shows it)."""
-        return self.core.owner
-
-    @property
-    def implicit_queues(self) -> bool:
-        """Claims from a queue nobody declared find nothing instead of raising."""
-        return self.core.implicit_queues
-
-    @property
-    def poll_seconds(self) -> float:
-        return self.core.poll_seconds
-
-    @property
-    def max_poll_seconds(self) -> float:
-        return self.core.max_poll_seconds
-
-    @property
-    def closed(self) -> bool:
-        return self.committer.closed
-
-    @property
-    def commit_deadline_seconds(self) -> float:
-        return self.committer.commit_deadline_seconds
+    committer = Forwarded[Committer](
+        "core",
+        "Where operations go: the local group-commit engine, or a broker that commits for "
+        "every process of the namespace.",
+    )
+    owner = Forwarded[str](
+        "core",
+        "Who claims hold jobs for unless a claim names another (``objq workers`` shows it).",
+    )
+    implicit_queues = Forwarded[bool](
+        "core", "Claims from a queue nobody declared find nothing instead of raising."
+    )
+    poll_seconds = Forwarded[float](
+        "core", "How long a claimer first waits after a claim that found nothing."
+    )
+    max_poll_seconds = Forwarded[float](
+        "core", "The longest a claimer waits between claims that find nothing."
+    )
+    closed = Forwarded[bool]("committer", "Whether the queue was closed.")
+    commit_deadline_seconds = Forwarded[float](
+        "committer", "How long one commit keeps retrying before its operations fail."
+    )
 
     # --- the core's futures, for consumers that do not block (see QueueCore) ---------------
 
@@ -158,15 +150,10 @@ class Queue:
         return self.core.submit(op)
 
     def submit_claim(
-        self,
-        queues: str | Sequence[str],
-        n: int = 1,
-        *,
-        lease: Delay = None,
-        owner: str | None = None,
+        self, queues: str | Sequence[str], n: int = 1, **options: Unpack[ClaimOptions]
     ) -> Future[list[Delivery]]:
         """Lease up to ``n`` ready jobs, from one queue or several, without waiting."""
-        return self.core.submit_claim(queues, n, lease=lease, owner=owner)
+        return self.core.submit_claim(queues, n, **options)
 
     def then_fill(self, claim: Future[list[Delivery]]) -> Future[list[Delivery]]:
         """The deliveries of ``claim`` with their payloads loaded, without blocking."""
@@ -295,19 +282,19 @@ class Queue:
         queue: str | Sequence[str],
         n: int = 1,
         *,
-        lease: Delay = None,
-        owner: str | None = None,
         timeout: float | None = None,
+        **options: Unpack[ClaimOptions],
     ) -> list[Delivery]:
         """Lease up to ``n`` ready jobs, best priority first, from one queue or several (each
         in the order given until ``n`` are found). With ``timeout``, wait up to that many
         seconds for at least one; without, return at once (maybe empty). Payloads kept out of
-        line are read in parallel before this returns."""
+        line are read in parallel before this returns. ``options``:
+        :class:`~objq_broker.core.ClaimOptions` (lease, owner)."""
         timeout = checked_timeout(timeout, f"claim from {shown(queue, 80)}")
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             seen = self.core.commits
-            found = self.core.claim_filled(queue, n, lease, owner, end)
+            found = self.core.claim_filled(queue, n, options, end)
             pause = self.core.next_poll_wait(bool(found))
             if found or end is None:
                 return found

@@ -52,6 +52,7 @@ from objq_broker.engine.batch import EngineMetrics
 from objq_broker.engine.batcher import Batcher
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.commit import Engine
+from objq_broker.engine.parts import Forwarded
 from objq_broker.errors import (
     BrokerUnreachable,
     ConfigurationError,
@@ -140,42 +141,31 @@ class ElectedCommitter:
         it committed them with (as the broker, those include other processes' sessions)."""
         return self._routes.metrics(self._sent)
 
-    @property
-    def settings(self) -> BrokerSettings:
-        """The mode and ``broker_*`` options (a forked child's ``auto`` is ``client``)."""
-        return self._routes.settings
-
-    @property
-    def bodies(self) -> BodyCache:
-        """Payload bodies kept out of the state, shared with the engines of the routes."""
-        return self._routes.bodies
-
-    @property
-    def role(self) -> str:
-        """Where the last session went: 'leader', 'follower of <address>', 'direct', or
-        'unresolved' before the first."""
-        return self._routes.role
-
-    @property
-    def record(self) -> BrokerRecord | None:
-        """The broker this process last used (its own record when it leads)."""
-        return self._routes.record
-
-    @property
-    def readied(self) -> int:
-        """A mark that moves whenever this process learns of a commit that made jobs
-        claimable (see :attr:`BrokerRouting.readied`)."""
-        return self._routes.readied
-
-    @property
-    def parked_claims(self) -> int:
-        """Claims waiting for jobs at this process, when it is the broker (0 otherwise)."""
-        return self._routes.parked_claims
-
-    @property
-    def leader_engine(self) -> Engine | None:
-        """This process's broker engine, while it leads."""
-        return self._routes.leader_engine
+    settings = Forwarded[BrokerSettings](
+        "_routes", "The mode and ``broker_*`` options (a forked child's ``auto`` is ``client``)."
+    )
+    bodies = Forwarded[BodyCache](
+        "_routes", "Payload bodies kept out of the state, shared with the engines of the routes."
+    )
+    role = Forwarded[str](
+        "_routes",
+        "Where the last session went: 'leader', 'follower of <address>', 'direct', or "
+        "'unresolved' before the first.",
+    )
+    record = Forwarded[BrokerRecord | None](
+        "_routes", "The broker this process last used (its own record when it leads)."
+    )
+    readied = Forwarded[int](
+        "_routes",
+        "A mark that moves whenever this process learns of a commit that made jobs "
+        "claimable (see :attr:`BrokerRouting.readied`).",
+    )
+    parked_claims = Forwarded[int](
+        "_routes", "Claims waiting for jobs at this process, when it is the broker (0 otherwise)."
+    )
+    leader_engine = Forwarded[Engine | None](
+        "_routes", "This process's broker engine, while it leads."
+    )
 
     # --- the Committer interface -----------------------------------------------------------
 

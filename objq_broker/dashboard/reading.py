@@ -26,9 +26,9 @@ from objq_broker.dashboard.decode import (
 from objq_broker.engine.archive import (
     TAIL_KEY,
 )
-from objq_broker.engine.snapshot import ACTIVE_CLIENT_SECONDS, Snapshot
+from objq_broker.engine.snapshot import Snapshot, StateSummary
 from objq_broker.errors import PayloadInvalid, QueueNotFound
-from objq_broker.model.records import BrokerRecord, Job, JobState
+from objq_broker.model.records import Job, JobState
 from objq_broker.model.workers import Worker, WorkerStatus
 from objq_broker.storage import ObjectStore
 
@@ -41,49 +41,35 @@ MAX_SESSIONS_SHOWN = 100
 
 
 @dataclass(frozen=True)
-class BrokerView:
-    """The elected broker as the state names it, and the clients it commits for."""
-
-    record: BrokerRecord
-    epoch: int
-    active_clients: int
-    #: (client id, Unix time of its last request that changed the state), latest first.
-    sessions: list[tuple[str, float]]
-
-
-@dataclass(frozen=True)
 class Overview:
-    """The namespace at one moment: what the overview page and its JSON show."""
+    """The namespace at one moment: what the overview and broker pages and their JSON show."""
 
     url: str
-    exists: bool
-    version: int
-    size_bytes: int
-    committed_at: float | None
-    read_at: float
-    enqueued_total: int
-    broker: BrokerView | None
+    summary: StateSummary
+    #: (client id, Unix time of its last request that changed the state), latest first.
+    sessions: list[tuple[str, float]]
     queues: list[QueueStats]
 
     def as_json(self) -> dict[str, Any]:
         """The overview's JSON: the fields of ``objq status --json`` and the counter the rate
         chart needs."""
+        state = self.summary
         return {
             "url": self.url,
-            "exists": self.exists,
-            "version": self.version,
-            "size_bytes": self.size_bytes,
-            "committed_at": self.committed_at,
-            "read_at": self.read_at,
-            "enqueued_total": self.enqueued_total,
+            "exists": state.exists,
+            "version": state.version,
+            "size_bytes": state.size_bytes,
+            "committed_at": state.committed_at,
+            "read_at": state.read_at,
+            "enqueued_total": state.enqueued_total,
             "broker": None
-            if self.broker is None
+            if state.broker is None
             else {
-                "address": self.broker.record.address,
-                "epoch": self.broker.record.epoch,
-                "since": self.broker.record.since,
-                "secured": self.broker.record.secured,
-                "active_clients": self.broker.active_clients,
+                "address": state.broker.address,
+                "epoch": state.broker.epoch,
+                "since": state.broker.since,
+                "secured": state.broker.secured,
+                "active_clients": state.active_clients,
             },
             "queues": [msgspec.to_builtins(q) for q in self.queues],
         }
@@ -94,28 +80,8 @@ def read_overview(store: ObjectStore) -> Overview:
     queues = [snap.stats(name) for name in snap.queue_names()]
     # After the queues, as objq status does: counting them may read a later state (when runs
     # it referred to were consumed meanwhile), and these facts then describe that one.
-    return Overview(
-        url=store.url,
-        exists=snap.exists,
-        version=snap.version,
-        size_bytes=snap.size_bytes,
-        committed_at=snap.committed_at,
-        read_at=snap.read_at,
-        enqueued_total=snap.enqueued_total,
-        broker=_broker(snap),
-        queues=queues,
-    )
-
-
-def _broker(snap: Snapshot) -> BrokerView | None:
-    if snap.broker is None:
-        return None
-    return BrokerView(
-        snap.broker,
-        snap.epoch,
-        snap.broker_clients(ACTIVE_CLIENT_SECONDS),
-        snap.broker_sessions()[:MAX_SESSIONS_SHOWN],
-    )
+    sessions = snap.broker_sessions()[:MAX_SESSIONS_SHOWN] if snap.broker is not None else []
+    return Overview(store.url, snap.summary(), sessions, queues)
 
 
 # --- who is working -----------------------------------------------------------------------

@@ -23,6 +23,7 @@ from objq_broker.errors import ConfigurationError, PreconditionFailed, StorageEr
 from objq_broker.model.backoff import backoff_seconds
 from objq_broker.model.checks import UNDECODABLE
 from objq_broker.storage import ObjectStore
+from objq_broker.storage.base import write_if_unchanged
 
 #: Where exchange objects live under the store's prefix.
 EXCHANGE_PREFIX = "kombu/exchanges/"
@@ -88,10 +89,7 @@ def change_exchange(
         if not (edit(record) or created):
             return record
         try:
-            if version is None:
-                store.write(key, _encoder.encode(record), if_absent=True)
-            else:
-                store.write(key, _encoder.encode(record), if_version=version)
+            write_if_unchanged(store, key, _encoder.encode(record), version)
         except PreconditionFailed:
             time.sleep(backoff_seconds(attempt + 1, 0.005, 0.32, random.random()))
             continue

@@ -74,6 +74,7 @@ from objq_broker.engine.guard import STATE_KEY
 from objq_broker.engine.loading import StateCache
 from objq_broker.engine.loop import CommitLoop
 from objq_broker.engine.options import EngineLimits, check_engine_settings
+from objq_broker.engine.parts import Forwarded
 from objq_broker.engine.writing import TryWriter
 from objq_broker.errors import QueueClosed, WriterFenced
 from objq_broker.model.encoding import DEFAULT_MAX_STATE_BYTES
@@ -227,10 +228,8 @@ class Engine:
 
     def _check_open(self) -> None:
         """Why no op may be submitted now, if so (holding the batcher's ``cv``)."""
-        if self._loop.fenced is not None:
-            raise self._loop.fenced
-        if self._loop.broken is not None:
-            raise self._loop.broken
+        if self._loop.stopped is not None:
+            raise self._loop.stopped
         if self._batcher.closing:
             raise QueueClosed(f"the engine for {self.store.url} is closed")
 
@@ -301,14 +300,12 @@ class Engine:
     @property
     def fenced(self) -> WriterFenced | None:
         """Why this engine stopped writing, if a writer with a newer epoch replaced it."""
-        return self._loop.fenced
+        stopped = self._loop.stopped
+        return stopped if isinstance(stopped, WriterFenced) else None
 
     # --- the settings, each kept by the part that uses it --------------------------------
 
-    @property
-    def key(self) -> str:
-        """The state object's key under the store's prefix."""
-        return self._cache.key
+    key = Forwarded[str]("_cache", "The state object's key under the store's prefix.")
 
     @property
     def epoch(self) -> int | None:
@@ -319,70 +316,44 @@ class Engine:
     def epoch(self, epoch: int | None) -> None:
         self._cache.epoch = epoch
 
-    @property
-    def exclusive(self) -> bool:
-        """Whether this engine is the namespace's only writer (a broker)."""
-        return self._cache.exclusive
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        """The wall clock the engine's commits go by."""
-        return self._cache.clock
-
-    @property
-    def max_staleness_seconds(self) -> float:
-        """How old the cached state may be before a claim or a read fetches it again."""
-        return self._cache.max_staleness_seconds
-
-    @property
-    def max_state_bytes(self) -> int:
-        """The largest state this engine reads or writes."""
-        return self._cache.max_state_bytes
-
-    @property
-    def archive(self) -> bool:
-        """Whether finished jobs are archived (False: their records are dropped)."""
-        return self._writer.archive
-
-    @property
-    def archive_tail_bytes(self) -> int:
-        """How large the archive tail kept in the state grows before it leaves for an object."""
-        return self._writer.archive_tail_bytes
-
-    @property
-    def inline_state_bytes(self) -> int:
-        """Below this size of the state, large payloads stay in it."""
-        return self._writer.inline_state_bytes
-
-    @property
-    def spill_at(self) -> int | None:
-        """How many jobs a queue keeps in the state's head before they move to runs."""
-        return self._writer.spill_at
-
-    @property
-    def run_jobs(self) -> int:
-        """Most jobs in one run."""
-        return self._writer.run_jobs
-
-    @property
-    def sweeper(self) -> Sweeper | None:
-        """Collects unreferenced objects now and then (``docs/deploy.md``); None: never."""
-        return self._writer.sweeper
-
-    @property
-    def linger_seconds(self) -> float:
-        """How long a batch waits to fill (0: as long as the callers of the last one take)."""
-        return self._loop.linger_seconds
-
-    @property
-    def commit_deadline_seconds(self) -> float:
-        """How long a batch keeps retrying storage errors and conflicts before its ops fail."""
-        return self._loop.commit_deadline_seconds
-
-    @property
-    def idle_tick_seconds(self) -> float:
-        """How often an idle consumer engine looks for stale leases to expire (at first)."""
-        return self._loop.idle_tick_seconds
+    exclusive = Forwarded[bool](
+        "_cache", "Whether this engine is the namespace's only writer (a broker)."
+    )
+    clock = Forwarded[Callable[[], float]]("_cache", "The wall clock the engine's commits go by.")
+    max_staleness_seconds = Forwarded[float](
+        "_cache", "How old the cached state may be before a claim or a read fetches it again."
+    )
+    max_state_bytes = Forwarded[int]("_cache", "The largest state this engine reads or writes.")
+    archive = Forwarded[bool](
+        "_writer", "Whether finished jobs are archived (False: their records are dropped)."
+    )
+    archive_tail_bytes = Forwarded[int](
+        "_writer",
+        "How large the archive tail kept in the state grows before it leaves for an object.",
+    )
+    inline_state_bytes = Forwarded[int](
+        "_writer", "Below this size of the state, large payloads stay in it."
+    )
+    spill_at = Forwarded[int | None](
+        "_writer", "How many jobs a queue keeps in the state's head before they move to runs."
+    )
+    run_jobs = Forwarded[int]("_writer", "Most jobs in one run.")
+    sweeper = Forwarded[Sweeper | None](
+        "_writer",
+        "Collects unreferenced objects now and then (``docs/deploy.md``); None: never.",
+    )
+    linger_seconds = Forwarded[float](
+        "_loop",
+        "How long a batch waits to fill (0: as long as the callers of the last one take).",
+    )
+    commit_deadline_seconds = Forwarded[float](
+        "_loop",
+        "How long a batch keeps retrying storage errors and conflicts before its ops fail.",
+    )
+    idle_tick_seconds = Forwarded[float](
+        "_loop",
+        "How often an idle consumer engine looks for stale leases to expire (at first).",
+    )
 
 
 def _size(pending: Pending) -> int:

@@ -51,7 +51,7 @@ from objq_broker.errors import ObjqError, PreconditionFailed, StorageError
 from objq_broker.model.bodies import BODIES_PREFIX
 from objq_broker.model.checks import STAGING_PREFIX, UNDECODABLE
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs
-from objq_broker.storage.base import ObjectMeta, ObjectStore
+from objq_broker.storage.base import ObjectMeta, ObjectStore, write_if_unchanged
 from objq_broker.storage.locks import sweep_locks
 
 log = logging.getLogger("objq_broker.gc")
@@ -325,10 +325,9 @@ class Sweeper:
                 return False
         data = msgspec.json.encode(SweepMark(swept_at=now, by=self.id))
         try:
-            if blob is None:
-                self.store.write(SWEEP_MARKER_KEY, data, if_absent=True)
-            else:
-                self.store.write(SWEEP_MARKER_KEY, data, if_version=blob.version)
+            write_if_unchanged(
+                self.store, SWEEP_MARKER_KEY, data, None if blob is None else blob.version
+            )
         except PreconditionFailed:
             return False  # another process took this turn
         return True

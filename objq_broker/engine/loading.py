@@ -23,7 +23,7 @@ from objq_broker.model.encoding import decode_state
 from objq_broker.model.ops import EnqueueRuns, Session, runs_needed
 from objq_broker.model.records import Job, KeyRecord, StateDoc
 from objq_broker.model.state import QueueState
-from objq_broker.storage.base import ObjectStore
+from objq_broker.storage.base import ObjectStore, write_if_unchanged
 from objq_broker.storage.notify import folder_of, watch_folder
 from objq_broker.storage.probe import require_conditions
 
@@ -194,11 +194,9 @@ class StateCache:
         """Store ``data`` (``doc`` encoded) over the cached version (created if there was
         none), and take it as the cached state's version."""
         self._state_bytes = len(data)
+        version = write_if_unchanged(self.store, self.key, data, self._version)
         if self._version is None:
-            version = self.store.write(self.key, data, if_absent=True)
             self._guard.created()
-        else:
-            version = self.store.write(self.key, data, if_version=self._version)
         self._guard.wrote(doc)
         self.metrics.state_writes += 1
         self._version = version

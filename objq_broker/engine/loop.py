@@ -99,8 +99,7 @@ class CommitLoop:
         self.idle_tick_seconds = idle_tick_seconds
         self._on_commit = on_commit
         self._rng = random.Random(seed)
-        self._fenced: WriterFenced | None = None
-        self._broken: QueueError | None = None  # why the writer thread stopped, if it did
+        self._stopped: WriterFenced | QueueError | None = None
         self._consumer = False  # a consumer's op was seen: idle ticks expire leases
         self._standing: StandingClaims | None = None
         self._last_commit_seconds = 0.0
@@ -109,14 +108,11 @@ class CommitLoop:
         self._contended_until = 0.0  # monotonic time until which other writers seem active
 
     @property
-    def fenced(self) -> WriterFenced | None:
-        """Why this writer stopped writing, if a writer with a newer epoch replaced it."""
-        return self._fenced
-
-    @property
-    def broken(self) -> QueueError | None:
-        """Why the writer thread stopped, if something it did not expect stopped it."""
-        return self._broken
+    def stopped(self) -> WriterFenced | QueueError | None:
+        """Why no op may be committed any more, if so: a writer with a newer epoch replaced
+        this one (:class:`WriterFenced`), or something the writer thread did not expect
+        stopped it."""
+        return self._stopped
 
     def take_waiting_claims(self, source: StandingClaims) -> None:
         """Let each commit that readies jobs take claims waiting for them from ``source``."""
@@ -141,7 +137,8 @@ class CommitLoop:
         broken = QueueError(f"the writer for {self.store.url} stopped: {type(exc).__name__}: {exc}")
         broken.__cause__ = exc
         with self._batcher.cv:
-            self._broken = broken
+            if self._stopped is None:  # fenced before: that stays the reason
+                self._stopped = broken
             pending = self._batcher.drain()
         self._fail(pending, broken)
 
@@ -276,7 +273,7 @@ class CommitLoop:
             except _FATAL as exc:
                 self._cache.invalidate()
                 if isinstance(exc, WriterFenced):
-                    self._fenced = exc
+                    self._stopped = exc
                 self._fail(live, exc)
                 return
             except (PreconditionFailed, StorageError) as exc:

@@ -40,6 +40,40 @@ _Needs = Callable[[QueueState], list[tuple[str, RunRef]]]
 ACTIVE_CLIENT_SECONDS = 600.0
 
 
+@dataclass(frozen=True)
+class StateSummary:
+    """The namespace's state at one read, its queues aside: what the dashboard's overview
+    and a metrics scrape both show of it (:meth:`Snapshot.summary`)."""
+
+    #: False until something was ever committed (the state object does not exist yet).
+    exists: bool
+    #: The state's version: how many commits made it, by every process of the namespace.
+    version: int
+    size_bytes: int
+    #: Unix time of the last commit (the writer's clock); None before the first.
+    committed_at: float | None
+    #: Unix time of the read (this process's clock).
+    read_at: float
+    #: How many jobs were ever put into the namespace's queues (see
+    #: :attr:`Snapshot.enqueued_total`).
+    enqueued_total: int
+    #: How many times a broker took over the namespace.
+    epoch: int
+    #: The elected broker holding the namespace, if any.
+    broker: BrokerRecord | None
+    #: Broker clients that changed the state within :data:`ACTIVE_CLIENT_SECONDS`.
+    active_clients: int
+    #: Finished jobs whose archive records the state still holds (``engine.archive``).
+    archive_tail_records: int
+
+    @property
+    def last_commit_age_seconds(self) -> float | None:
+        """Seconds between the last commit and the read (never negative: clocks differ)."""
+        if self.committed_at is None:
+            return None
+        return max(self.read_at - self.committed_at, 0.0)
+
+
 @dataclass
 class Snapshot:
     """The state of one store at one moment, with the stored object's version and size.
@@ -123,6 +157,21 @@ class Snapshot:
     def epoch(self) -> int:
         """How many times a broker took over the namespace."""
         return self._state.doc.epoch
+
+    def summary(self) -> StateSummary:
+        """The namespace's facts besides its queues, as of this read."""
+        return StateSummary(
+            exists=self.exists,
+            version=self.version,
+            size_bytes=self.size_bytes,
+            committed_at=self.committed_at,
+            read_at=self.read_at,
+            enqueued_total=self.enqueued_total,
+            epoch=self.epoch,
+            broker=self.broker,
+            active_clients=self.broker_clients(ACTIVE_CLIENT_SECONDS),
+            archive_tail_records=len(self.archive_tail),
+        )
 
     @property
     def referenced_bodies(self) -> set[str]:

@@ -154,16 +154,17 @@ class StoreCollector:
 
 def state_families(reading: StoreReading) -> Iterator[Metric]:
     """The families of one successful read."""
-    yield STATE_EXISTS.one(1 if reading.exists else 0)
-    yield STATE_COMMITS.one(reading.commits)
-    yield STATE_SIZE.one(reading.size_bytes)
-    yield ARCHIVE_TAIL.one(reading.archive_tail_records)
-    yield LAST_COMMIT.build([] if reading.committed_at is None else [((), reading.committed_at)])
-    age = reading.last_commit_age_seconds
+    state = reading.summary
+    yield STATE_EXISTS.one(1 if state.exists else 0)
+    yield STATE_COMMITS.one(state.version)
+    yield STATE_SIZE.one(state.size_bytes)
+    yield ARCHIVE_TAIL.one(state.archive_tail_records)
+    yield LAST_COMMIT.build([] if state.committed_at is None else [((), state.committed_at)])
+    age = state.last_commit_age_seconds
     yield LAST_COMMIT_AGE.build([] if age is None else [((), age)])
-    yield BROKER_TAKEOVERS.one(reading.takeovers)
-    yield BROKER_REGISTERED.one(1 if reading.broker_registered else 0)
-    yield BROKER_ACTIVE_CLIENTS.one(reading.active_clients)
+    yield BROKER_TAKEOVERS.one(state.epoch)
+    yield BROKER_REGISTERED.one(1 if state.broker is not None else 0)
+    yield BROKER_ACTIVE_CLIENTS.one(state.active_clients)
     yield QUEUE_JOBS.build(
         ((q.queue, state), q.jobs[state]) for q in reading.queues for state in JOB_STATES
     )

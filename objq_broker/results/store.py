@@ -35,7 +35,7 @@ from objq_broker.consume.pacing import Pacer
 from objq_broker.errors import ObjqError, PreconditionFailed, StateCorrupt
 from objq_broker.model.checks import UNDECODABLE
 from objq_broker.storage import ObjectStore
-from objq_broker.storage.base import check_key
+from objq_broker.storage.base import check_key, write_if_unchanged
 from objq_broker.storage.locks import sweep_locks
 from objq_broker.storage.notify import Subscription, folder_of, watch_folder
 
@@ -136,10 +136,7 @@ class ResultStore:
                 return None
             data = self._encode(new, ttl)
             try:
-                if blob is None:
-                    self.store.write(key, data, if_absent=True)
-                else:
-                    self.store.write(key, data, if_version=blob.version)
+                write_if_unchanged(self.store, key, data, None if blob is None else blob.version)
             except PreconditionFailed:
                 time.sleep(random.uniform(0, 0.002))  # another update won: read it, go again
                 continue

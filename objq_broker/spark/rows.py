@@ -20,7 +20,7 @@ the write is aborted and nothing is enqueued.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,13 +114,16 @@ def option_int(
         ) from None
 
 
-def check_known(options: Mapping[str, str]) -> None:
-    """Refuse an option the writer does not know, listing those it does."""
-    known = {name.lower() for name in WRITER_OPTIONS}
+def check_known(
+    options: Mapping[str, str], accepted: Sequence[str] = WRITER_OPTIONS, where: str = "objq writer"
+) -> None:
+    """Refuse an option not in ``accepted`` (the writer's, unless told), listing those it
+    has. Spark passes ``path`` along with every source's options."""
+    known = {name.lower() for name in accepted}
     unknown = sorted(k for k in options if k.lower() not in known and k.lower() != "path")
     if unknown:
         raise ConfigurationError(
-            f"objq writer: unknown option(s) {unknown}; accepted: {list(WRITER_OPTIONS)}"
+            f"{where}: unknown option(s) {unknown}; accepted: {list(accepted)}"
         )
 
 

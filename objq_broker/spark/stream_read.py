@@ -58,6 +58,7 @@ from objq_broker.errors import ConfigurationError, ObjectNotFound
 from objq_broker.model.durations import parse_time
 from objq_broker.model.records import ArchiveRecord
 from objq_broker.spark.read import DEFAULT_OBJECTS_PER_PARTITION, RowBuilder, TimeBounds
+from objq_broker.spark.rows import check_known
 from objq_broker.storage import ObjectMeta, ObjectStore, open_store
 
 #: Where a query without a checkpoint starts, as Kafka's source says it.
@@ -265,12 +266,7 @@ STREAM_OPTIONS = ("table", *(f.metadata["option"] for f in fields(StreamOptions)
 
 def check_stream_options(options: Mapping[str, str]) -> None:
     """Refuse an option the streaming source does not know, listing those it does."""
-    known = {name.lower() for name in STREAM_OPTIONS}
-    unknown = sorted(k for k in options if k.lower() not in known and k.lower() != "path")
-    if unknown:
-        raise ConfigurationError(
-            f"objq stream reader: unknown option(s) {unknown}; accepted: {list(STREAM_OPTIONS)}"
-        )
+    check_known(options, STREAM_OPTIONS, "objq stream reader")
 
 
 def _records(store: ObjectStore, partition: StreamPartition) -> Iterator[ArchiveRecord]:

@@ -138,6 +138,15 @@ def check_write_mode(if_version: str | None, if_absent: bool, where: str) -> Non
         )
 
 
+def write_if_unchanged(store: ObjectStore, key: str, data: bytes, version: str | None) -> str:
+    """Write ``data`` as ``key``'s next version if the object is still as read: created if the
+    read found none (``version`` None), else updated from ``version``. Another writer having
+    come first raises :class:`~objq_broker.errors.PreconditionFailed`."""
+    if version is None:
+        return store.write(key, data, if_absent=True)
+    return store.write(key, data, if_version=version)
+
+
 def join_key(prefix: str, key: str) -> str:
     """Join a store's key prefix (possibly '') and a key with one '/'."""
     return f"{prefix}/{key}" if prefix else key

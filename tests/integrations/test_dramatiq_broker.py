@@ -247,6 +247,6 @@ def test_a_bad_group_is_refused_with_the_actor_named(broker: ObjqBroker) -> None
     @dramatiq.actor
     def plain() -> None: ...
 
-    with pytest.raises(ConfigurationError, match="'plain'.*group"):
+    with pytest.raises(ConfigurationError, match=r"'plain'.*group"):
         plain.send_with_options(group="")
     assert broker.client.jobs("default") == []
