@@ -55,9 +55,11 @@ MAX_TEST_TIMEOUT_SECONDS = 120
 #: Per run of a module: test_canvas.py has ~250 tests, and Celery's manager fixture waits a
 #: second after each for the worker's inspect() replies.
 RUN_TIMEOUT_SECONDS = {"t/integration/test_tasks.py": 360, "t/integration/test_canvas.py": 1200}
-#: Into how many runs side by side a module is split (each runs every n-th test): the tests of
-#: test_canvas.py mostly wait, so two runs take half the time on the same cores.
-SHARDS = {"t/integration/test_tasks.py": 1, "t/integration/test_canvas.py": 2}
+#: Into how many runs side by side a module is split (shares of about equal time, see
+#: ``celery_conftest._shard``): the tests of test_canvas.py mostly wait, so three runs take a
+#: third of the time on the same cores, and with test_tasks.py make two even halves for two
+#: test processes.
+SHARDS = {"t/integration/test_tasks.py": 1, "t/integration/test_canvas.py": 3}
 #: Environment variables the suite's conftest reads: where to write its JSON report, and
 #: which share of the module's tests to run (``k/n``).
 REPORT_ENV = "OBJQ_SUITE_REPORT"
