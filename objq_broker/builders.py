@@ -346,9 +346,16 @@ def enqueue_runs(queue: str, runs: Sequence[StagedRun], *, write_id: str) -> Enq
 
 
 def claim(
-    queues: Sequence[str], n: int, *, lease: Delay = None, owner: str, strict: bool = False
+    queues: Sequence[str],
+    n: int,
+    *,
+    lease: Delay = None,
+    owner: str,
+    strict: bool = False,
+    ordered: bool = False,
 ) -> Claim:
-    """``strict``: refuse a queue that is not declared (``QueueNotFound``)."""
+    """``strict``: refuse a queue that is not declared (``QueueNotFound``). ``ordered``: take
+    from the queues in the order given, not in turn."""
     where = f"claim from {shown(list(queues), 120)}"
     args = checked(
         {
@@ -363,7 +370,7 @@ def claim(
     # One random base per claim: a delay-queue consumer may ask for thousands at a time.
     base = uuid.uuid4().hex
     tokens = [f"{base}.{i}" for i in range(args.n)]
-    return Claim(args.queues, tokens, args.owner, args.lease, strict)
+    return Claim(args.queues, tokens, args.owner, args.lease, strict, ordered=bool(ordered))
 
 
 def _lease(lease: Delay, where: str) -> float | None:

@@ -84,6 +84,9 @@ class ClaimOptions(TypedDict, total=False):
     lease: Delay
     #: Who the jobs are held for (default None: the queue's ``owner``).
     owner: str | None
+    #: Over several queues, take from each in the order given until enough are found (for
+    #: a caller that orders them itself), instead of in turn (default False).
+    ordered: bool
 
 
 _CLAIM_OPTIONS = ClaimOptions.__optional_keys__ | ClaimOptions.__required_keys__
@@ -160,14 +163,15 @@ class QueueCore:
             lease=options.get("lease"),
             owner=options.get("owner") or self.owner,
             strict=not self.implicit_queues,
+            ordered=options.get("ordered", False),
         )
 
     def submit_claim(
         self, queues: str | Sequence[str], n: int = 1, **options: Unpack[ClaimOptions]
     ) -> Future[list[Delivery]]:
-        """Lease up to ``n`` ready jobs, from one queue or several (taking from each in the
-        order given until ``n`` are found: a consumer of many queues polls them all with one
-        write, not one per queue)."""
+        """Lease up to ``n`` ready jobs, from one queue or several (in turn, or in the order
+        given with ``ordered``: a consumer of many queues polls them all with one write, not
+        one per queue)."""
         claim = self.submit(self.claim_op(queues, n, options))
         return _mapped(claim, builders.deliveries)
 

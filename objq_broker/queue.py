@@ -285,11 +285,11 @@ class Queue:
         timeout: float | None = None,
         **options: Unpack[ClaimOptions],
     ) -> list[Delivery]:
-        """Lease up to ``n`` ready jobs, best priority first, from one queue or several (each
-        in the order given until ``n`` are found). With ``timeout``, wait up to that many
+        """Lease up to ``n`` ready jobs, best priority first, from one queue or several (in
+        turn, so none starves: ``docs/groups.md``). With ``timeout``, wait up to that many
         seconds for at least one; without, return at once (maybe empty). Payloads kept out of
         line are read in parallel before this returns. ``options``:
-        :class:`~objq_broker.core.ClaimOptions` (lease, owner)."""
+        :class:`~objq_broker.core.ClaimOptions` (lease, owner, ordered)."""
         timeout = checked_timeout(timeout, f"claim from {shown(queue, 80)}")
         end = None if timeout is None else time.monotonic() + timeout
         while True:

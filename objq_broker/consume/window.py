@@ -378,7 +378,8 @@ class ClaimWindow:
             names = self._names(queues)
             if not names:
                 return
-            claim = self.queue.submit_claim(names, free, lease=self.lease_seconds)
+            # In the order the names come: the integration orders them (kombu's channel).
+            claim = self.queue.submit_claim(names, free, lease=self.lease_seconds, ordered=True)
             self._ahead, self._asked = self.queue.then_fill(claim), free
             self._ahead.add_done_callback(self._landed)
 
@@ -413,7 +414,7 @@ class ClaimWindow:
         """Claim ``count`` and wait for them, up to ``timeout`` for any to arrive (no lock).
         ``Queue.claim`` is woken at once by this process's own commits (a local enqueue)."""
         wait = timeout if timeout > 0 else None
-        return self.queue.claim(names, count, lease=self.lease_seconds, timeout=wait)
+        return self.queue.claim(names, count, lease=self.lease_seconds, timeout=wait, ordered=True)
 
     def _release_quietly(self, deliveries: list[Delivery], *, wait: bool = False) -> None:
         """Release without raising (no lock): a release that fails leaves leases that run out."""

@@ -256,7 +256,10 @@ class Channel(DeclaringChannel):
 
     def _claim(self, queues: list[str], n: int, no_ack: set[str]) -> list[_Raw]:
         """Lease up to ``n`` messages now, outside the window; (raw kombu message, queue)."""
-        claim = self.client.submit_claim(queues, max(n, 1), lease=self.settings.visibility_timeout)
+        # In the order given: control queues first, then this channel's own in turn.
+        claim = self.client.submit_claim(
+            queues, max(n, 1), lease=self.settings.visibility_timeout, ordered=True
+        )
         found = self.client.then_fill(claim).result()
         self.window.hold(found)
         return self._accept(found, no_ack)
