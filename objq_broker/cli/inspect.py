@@ -47,6 +47,8 @@ def status_dict(snap: Snapshot) -> dict[str, Any]:
                 "in_flight": stats.in_flight,
                 "dead": stats.dead,
                 "oldest_ready_age_seconds": stats.oldest_ready_age_seconds,
+                "groups": stats.groups,
+                "busiest_groups": [msgspec.structs.asdict(group) for group in stats.busiest],
             }
         )
     return {
@@ -114,7 +116,22 @@ def status_text(status: dict[str, Any]) -> str:
     if not rows:
         return head + "\nno queues declared"
     headers = ["QUEUE", "READY", "DELAYED", "IN FLIGHT", "DEAD", "OLDEST READY"]
-    return head + "\n" + table(headers, rows)
+    grouped = [q for q in status["queues"] if q.get("groups")]
+    if grouped:  # a column only where some queue's jobs name groups
+        headers.append("GROUPS")
+        for row, q in zip(rows, status["queues"], strict=True):
+            row.append(q.get("groups") or "")
+    return head + "\n" + table(headers, rows) + "".join(map(_busiest_text, grouped))
+
+
+def _busiest_text(queue: dict[str, Any]) -> str:
+    """The line naming a queue's busiest groups."""
+    busiest = ", ".join(
+        f"{printable(g['group'])} ({g['ready']:,} ready, {g['in_flight']:,} in flight, "
+        f"oldest {age(g['oldest_ready_age_seconds'])})"
+        for g in queue["busiest_groups"]
+    )
+    return f"\nbusiest groups of {printable(queue['queue'])}: {busiest}"
 
 
 def cmd_status(ctx: Context) -> int:

@@ -5,11 +5,19 @@ over :class:`~objq_broker.model.state.QueueState`, bound as its methods; none ch
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from objq_broker.model.producing import existing_for_key
 from objq_broker.model.records import Job, JobState, QueueConfig, RunRef
-from objq_broker.model.values import NewJob, QueueStats, finished_job, snapshot, with_id
+from objq_broker.model.values import (
+    BUSIEST_GROUPS,
+    GroupStats,
+    NewJob,
+    QueueStats,
+    finished_job,
+    snapshot,
+    with_id,
+)
 from objq_broker.model.workers import Worker
 from objq_broker.model.workers import workers as holders
 
@@ -23,8 +31,10 @@ def stats(state: QueueState, queue: str, now: float) -> QueueStats:
     state.config(queue)
     ready = delayed = in_flight = 0
     oldest: float | None = None
+    groups = _Groups()
     for job in state.index.jobs_of(queue):
         now_in = job.state_at(now)
+        groups.count(job, now_in)
         if now_in == "in-flight":
             in_flight += 1
         elif now_in == "delayed":
@@ -32,6 +42,8 @@ def stats(state: QueueState, queue: str, now: float) -> QueueStats:
         else:
             ready += 1
             oldest = job.enqueued_at if oldest is None else min(oldest, job.enqueued_at)
+    for group, count in state.doc.group_runs.get(queue, {}).items():
+        groups.count_in_runs(group, count)
     in_runs, first = state.backlog.ready_left(queue)
     ready += in_runs
     if first is not None:
@@ -48,7 +60,38 @@ def stats(state: QueueState, queue: str, now: float) -> QueueStats:
     dead = sum(1 for job in state.dead.values() if job.queue == queue)
     dead += sum(ref.remaining for _, ref in state.backlog.dead_runs_of(queue))
     age = None if oldest is None else max(now - oldest, 0.0)
-    return QueueStats(queue, ready, delayed, in_flight, dead, age)
+    return QueueStats(
+        queue, ready, delayed, in_flight, dead, age, len(groups.tally), groups.busiest(now)
+    )
+
+
+class _Groups:
+    """Per group of a queue: ready jobs, in-flight jobs and the oldest ready one's time."""
+
+    def __init__(self) -> None:
+        self.tally: dict[str, list[Any]] = {}
+
+    def count(self, job: Job, now_in: str) -> None:
+        if job.group is None or now_in == "delayed":
+            return
+        counts = self.tally.setdefault(job.group, [0, 0, None])
+        if now_in == "in-flight":
+            counts[1] += 1
+        else:
+            counts[0] += 1
+            counts[2] = job.enqueued_at if counts[2] is None else min(counts[2], job.enqueued_at)
+
+    def count_in_runs(self, group: str, count: int) -> None:
+        self.tally.setdefault(group, [0, 0, None])[0] += count
+
+    def busiest(self, now: float) -> tuple[GroupStats, ...]:
+        # Sorted, not a heap: stats are read rarely, and only the index keeps heaps.
+        ranked = sorted(self.tally.items(), key=lambda item: (-item[1][0] - item[1][1], item[0]))
+        top = ranked[:BUSIEST_GROUPS]
+        return tuple(
+            GroupStats(group, ready, busy, None if first is None else max(now - first, 0.0))
+            for group, (ready, busy, first) in top
+        )
 
 
 def _due_in(state: QueueState, ref: RunRef, now: float) -> list[Job]:

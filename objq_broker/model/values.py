@@ -97,6 +97,21 @@ class Finished:
     job: Job
 
 
+class GroupStats(msgspec.Struct, frozen=True):
+    """Counts for one group of a queue (``docs/groups.md``) at one moment."""
+
+    group: str
+    ready: int
+    in_flight: int
+    #: How long its oldest ready job in the head has waited (None: none there).
+    oldest_ready_age_seconds: float | None
+
+
+#: How many of a queue's groups its stats name, the busiest first: a bounded summary, however
+#: many tenants a queue serves.
+BUSIEST_GROUPS = 5
+
+
 class QueueStats(msgspec.Struct, frozen=True):
     """Counts for one queue at one moment."""
 
@@ -106,6 +121,10 @@ class QueueStats(msgspec.Struct, frozen=True):
     in_flight: int
     dead: int
     oldest_ready_age_seconds: float | None
+    #: How many groups have ready or in-flight jobs (0: none of its jobs names a group).
+    groups: int = 0
+    #: The groups with the most ready and in-flight jobs, at most :data:`BUSIEST_GROUPS`.
+    busiest: tuple[GroupStats, ...] = ()
 
     def count(self, state: JobState) -> int:
         """How many of the queue's jobs are in ``state``."""

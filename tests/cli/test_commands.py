@@ -310,4 +310,10 @@ def test_jsonl_lines_name_their_group_by_a_field_in_order_and_in_one_commit(
         ('{"t": "a", "n": 1}', "a"), ('{"t": "a", "n": 2}', "a"), ('{"t": "b", "n": 3}', "b"),
         ('{"n": 4}', None), ("solo", "c"),
     ]  # fmt: skip
-    assert objq("status", "--json", url=file_url).json()["version"] - before == 2
+    status = objq("status", "--json", url=file_url).json()
+    assert status["version"] - before == 2
+    [queue] = status["queues"]
+    busiest = [(g["group"], g["ready"], g["in_flight"]) for g in queue["busiest_groups"]]
+    assert (queue["groups"], busiest) == (3, [("a", 2, 0), ("b", 1, 0), ("c", 1, 0)])
+    text = objq("status", url=file_url).stdout
+    assert "GROUPS" in text and "busiest groups of q: a (2 ready, 0 in flight" in text

@@ -60,3 +60,23 @@ def test_a_queue_of_100000_jobs_shows_its_totals_and_one_page_of_rows(page: Page
             page.goto(base + "queues/bulk?state=dead")
             assert page.locator("#jobs tr[data-job]").count() == 3
     store.close()
+
+
+def test_a_queues_page_shows_how_many_groups_and_the_busiest(page: Page) -> None:
+    # Given a queue whose jobs name their tenants, one of them busy
+    url = "memory://dashboard-groups"
+    store = open_store(url)
+    with Queue(store=store, broker="off") as queue:
+        queue.enqueue_many("mail", [b"x"] * 40, group="big-tenant")
+        for tenant in range(7):
+            queue.enqueue("mail", b"y", group=f"tenant-{tenant}")
+        with serving(store) as base:
+            # When the queue's page is opened
+            page.goto(f"{base}queues/mail")
+            # Then it counts the groups and names the busiest first, at most five
+            section = page.locator("#groups")
+            assert section.locator("h2 .count").inner_text() == "8"
+            names = section.locator("td.name").all_inner_texts()
+            assert names[0] == "big-tenant" and len(names) == 5
+    for key in store.list():
+        store.delete(key)

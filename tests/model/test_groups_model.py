@@ -304,3 +304,20 @@ def test_an_ordered_claim_over_several_queues_takes_from_the_first_until_enough(
     Claim(queues=["b", "a"], tokens=["t"], owner="w").apply(state, 1000.0)
     ordered = Claim(queues=["a", "b"], tokens=["u0", "u1", "u2"], owner="w", ordered=True)
     assert [job.id for job in ordered.apply(state, 1000.0)] == ["a0", "a1", "b1"]
+
+
+def test_stats_count_groups_and_name_the_busiest_in_the_head_and_in_runs() -> None:
+    state = QueueState()
+    state.enqueue([NewJob(f"a{i}", Q, "x", group="A") for i in range(30)], 1000.0)
+    state.enqueue([NewJob(f"b{i}", Q, "x", group="B") for i in range(2)], 1001.0)
+    state.enqueue([NewJob(f"g{i}", Q, "x", group=f"T{i}") for i in range(8)], 1002.0)
+    state.enqueue([NewJob("plain", Q, "x")], 1002.0)
+    state.spill(30, functools.partial(run_key, 1, "c1"), run_jobs=100)  # A's jobs: in runs
+    [b0] = [job for job in state.claim(Q, ["t0", "t1"], "w", 1003.0) if job.group == "B"]
+    stats = state.stats(Q, 1010.0)
+    assert (stats.groups, len(stats.busiest)) == (10, 5)
+    top = stats.busiest[0]
+    assert (top.group, top.ready + top.in_flight, top.oldest_ready_age_seconds) == ("A", 30, None)
+    second = stats.busiest[1]
+    assert (second.group, second.ready, second.in_flight) == ("B", 1, 1), b0
+    assert second.oldest_ready_age_seconds == 9.0
