@@ -61,6 +61,8 @@ class GroupLines:
         self._queue = queue
         #: Each group's ready jobs in the head, best first (entries of the index's kind).
         self.lines: dict[str, list[ReadyEntry]] = {}
+        #: Entries in the lines, superseded ones included (a bound on the ready jobs).
+        self.entries = 0
         #: Jobs of each group leased, and leased or backing off after an attempt.
         self.leased: dict[str, int] = {}
         self.busy: dict[str, int] = {}
@@ -83,6 +85,7 @@ class GroupLines:
 
     def push(self, group: str, entry: ReadyEntry) -> None:
         heapq.heappush(self.lines.setdefault(group, []), entry)
+        self.entries += 1
         self.place(group)
 
     def held(self, group: str, holding: Holding | None, change: int) -> None:
@@ -105,6 +108,7 @@ class GroupLines:
         line = self.lines.get(group)
         while line and self._current.get(line[0][2]) != line[0]:
             heapq.heappop(line)
+            self.entries -= 1
         if not line:
             self.lines.pop(group, None)
             self._place.pop(group, None)
@@ -146,6 +150,7 @@ class GroupLines:
         """Take the best job of ``group``'s line (the group :meth:`best` gave): its id."""
         heapq.heappop(self._ready)
         del self._place[group]
+        self.entries -= 1
         return heapq.heappop(self.lines[group])[2]
 
     def rebuild(self) -> None:
@@ -333,10 +338,10 @@ class QueueIndex:
         runs' order, behind a large group's backlog)."""
         heap = self._ready.get(queue, [])
         lines = self._lines.get(queue)
+        if len(heap) + (0 if lines is None else lines.entries) <= bound:
+            return []  # superseded entries only add to a heap: it cannot hold more live ones
         if lines is not None:
             heap = heap + [entry for line in lines.lines.values() for entry in line]
-        if len(heap) <= bound:
-            return []  # superseded entries only add to a heap: it cannot hold more live ones
         live = [entry for entry in heap if self._entry.get(entry[2]) == entry]
         if len(live) <= bound:
             return []
@@ -367,7 +372,9 @@ class QueueIndex:
         lines = self._lines.get(queue)
         if lines is not None:
             for group, line in list(lines.lines.items()):
-                line[:] = [entry for entry in line if self._entry.get(entry[2]) == entry]
+                kept = [entry for entry in line if self._entry.get(entry[2]) == entry]
+                lines.entries -= len(line) - len(kept)
+                line[:] = kept
                 heapq.heapify(line)
                 lines.place(group)
 

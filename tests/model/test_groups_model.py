@@ -209,6 +209,12 @@ class GroupMachine(RuleBasedStateMachine):
         self.state = state
 
     @invariant()
+    def line_entries_are_counted(self) -> None:
+        # The count that spares each commit a walk of the lines (``ready_past``)
+        for lines in self.state.index._lines.values():
+            assert lines.entries == sum(len(line) for line in lines.lines.values())
+
+    @invariant()
     def caps_hold(self) -> None:
         if self.cap is None:
             return
