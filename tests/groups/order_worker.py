@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from objq_broker import Queue
+from objq_broker import LeaseLost, Queue
 
 QUEUE = "ordered"
 
@@ -33,10 +33,13 @@ def work(queue: Queue, log: int, stop: Path, fail_rate: float, rng: random.Rando
         failed = rng.random() < fail_rate
         ended = "fail" if failed else "done"
         os.write(log, f"{ended} {job.group} {index} {job.id} {time.time()}\n".encode())
-        if failed:
-            queue.nack(delivery, error="failed on purpose")
-        else:
-            queue.ack(delivery)
+        try:
+            if failed:
+                queue.nack(delivery, error="failed on purpose")
+            else:
+                queue.ack(delivery)
+        except LeaseLost:  # it expired meanwhile (a broker moving, say): it runs again
+            os.write(log, f"lost {job.group} {index} {job.id} {time.time()}\n".encode())
 
 
 def main() -> None:

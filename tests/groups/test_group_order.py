@@ -35,6 +35,8 @@ class Event:
     job: str
     at: float
     worker: str
+    #: Which attempt of its worker's (each works one job at a time): what ends which start.
+    attempt: str
 
 
 def _events(logs: dict[str, Path]) -> list[Event]:
@@ -42,9 +44,13 @@ def _events(logs: dict[str, Path]) -> list[Event]:
     for worker, log in logs.items():
         if not log.exists():
             continue
+        starts = 0
         for line in log.read_text().splitlines():
             kind, group, index, job, at = line.split()
-            found.append(Event(kind, group, int(index), job, float(at), worker))
+            starts += kind == "start"
+            found.append(
+                Event(kind, group, int(index), job, float(at), worker, f"{worker}#{starts}")
+            )
     return sorted(found, key=lambda event: event.at)
 
 
@@ -106,35 +112,45 @@ def test_a_groups_jobs_run_one_at_a_time_in_enqueue_order_across_a_killed_worker
     by_group: dict[str, list[Event]] = defaultdict(list)
     for event in events:
         by_group[event.group].append(event)
-    # The killed worker's last attempt: open (it died in it), or done but maybe not acked
-    last = [e for e in events if e.worker == "w0"][-1:]
     for group, seen in by_group.items():
-        _check_one_at_a_time_in_order(group, seen, last[0] if last else None)
+        _check_one_at_a_time_in_order(group, seen, _abandoned(events))
 
 
-def _check_one_at_a_time_in_order(group: str, seen: list[Event], died: Event | None) -> None:
-    """Each attempt of ``group`` starts when none of its other attempts is open, and starts
-    the next job in enqueue order, or the same one again (a retry). The attempt the killed
-    worker died in stays open until its job starts again; if it died after logging a job
-    done, that job may start again (its ack may not have landed)."""
-    open_job: str | None = None
-    finished_upto = -1  # the last index done, in order
+def _abandoned(events: list[Event]) -> set[str]:
+    """The attempts whose outcome did not land, so their job ran again: those whose settling
+    found the lease lost, and the killed worker's last one if its job started again later (it
+    died in it, or before its ack landed)."""
+    found = {e.attempt for e in events if e.kind == "lost"}
+    mine = [e for e in events if e.worker == "w0"]
+    if mine:
+        last = mine[-1]
+        later = [e for e in events if e.at > last.at and e.kind == "start"]
+        if any(e.job == last.job for e in later):
+            found.add(last.attempt)
+    return found
+
+
+def _check_one_at_a_time_in_order(group: str, seen: list[Event], abandoned: set[str]) -> None:
+    """Each attempt of ``group`` starts when no other attempt of the group is in flight,
+    and starts the next job in enqueue order, or the same one again (a retry). An attempt
+    whose outcome did not land (``abandoned``) stops counting once its job starts again."""
+    open_attempts: dict[str, Event] = {}
+    finished_upto = -1  # the last index done (and acked), in order
     for event in seen:
+        key = event.attempt
         if event.kind == "start":
-            again = died is not None and event.job == died.job
-            if open_job is not None:
-                assert again and open_job == event.job, (
-                    f"{group}: {event.job} (index {event.index}) started while {open_job} was "
-                    "in flight"
+            for other, began in list(open_attempts.items()):
+                assert other in abandoned and began.job == event.job, (
+                    f"{group}: {event.job} (index {event.index}) started while "
+                    f"{began.job} (index {began.index}) was in flight"
                 )
-            expected = {finished_upto + 1} | ({finished_upto} if again else set())
-            assert event.index in expected, (
+                del open_attempts[other]
+            assert event.index == finished_upto + 1, (
                 f"{group}: index {event.index} started after index {finished_upto} finished"
             )
-            open_job = event.job
-        else:
-            assert event.job == open_job, f"{group}: {event.kind} of {event.job}, not in flight"
-            open_job = None
-            if event.kind == "done":
+            open_attempts[key] = event
+        elif event.kind in ("done", "fail"):
+            open_attempts.pop(key, None)
+            if event.kind == "done" and key not in abandoned:
                 finished_upto = event.index
     assert finished_upto == PER_GROUP - 1, f"{group}: finished up to {finished_upto}"
