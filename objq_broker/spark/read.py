@@ -64,7 +64,7 @@ BATCH_ROWS = 8192
 SCHEMA = (
     "id string, queue string, state string, kind string, task string, message_id string, "
     "priority int, attempts int, max_attempts int, enqueued_at timestamp, "
-    "started_at timestamp, finished_at timestamp, error string, payload binary"
+    "started_at timestamp, finished_at timestamp, error string, `group` string, payload binary"
 )
 _TIME = pa.timestamp("us", tz="UTC")
 ARROW_SCHEMA = pa.schema(
@@ -82,6 +82,7 @@ ARROW_SCHEMA = pa.schema(
         ("started_at", _TIME),
         ("finished_at", _TIME),
         ("error", pa.string()),
+        ("group", pa.string()),
         ("payload", pa.binary()),
     ]
 )
@@ -323,6 +324,7 @@ class RowBuilder:
         columns["started_at"].append(_micros(job.started_at))
         columns["finished_at"].append(_micros(job.finished_at))
         columns["error"].append(job.error)
+        columns["group"].append(job.group)
         columns["payload"].append(payload)
         self.count += 1
 

@@ -393,3 +393,16 @@ def test_a_written_dataframe_is_runs_its_jobs_never_in_the_head(spark: Any, tmp_
     ready = [n for n in range(30) if n % 10 != 9]
     expected = [b"before"] + [f"row-{n}".encode() for n in sorted(ready, key=lambda n: n % 2)]
     assert claimed == expected
+
+
+def test_the_jobs_and_archive_tables_show_each_jobs_group(spark: Any, tmp_path: Path) -> None:
+    url = (tmp_path / "store").as_uri()
+    with Queue(url) as queue:
+        queue.enqueue_many("g", [b"a0", b"a1"], group="tenant-a")
+        queue.enqueue("g", b"none")
+        (done,) = queue.claim("g")
+        queue.ack(done)
+    jobs = {r.payload: r.group for r in _jobs(spark, url).where("queue = 'g'").collect()}
+    assert jobs == {b"a1": "tenant-a", b"none": None}
+    archive = _jobs(spark, url, "archive").where("`group` = 'tenant-a'").collect()
+    assert [r.payload for r in archive] == [b"a0"]
