@@ -236,8 +236,12 @@ def cmd_config_show(ctx: Context) -> int:
 
 
 def config_dict(config: QueueConfig) -> dict[str, Any]:
+    """Every setting of ``config``, the group settings as they act when unset (no cap,
+    fair), so every queue shows the same keys."""
     out: dict[str, Any] = msgspec.to_builtins(config)
-    return out
+    out.pop("group_concurrency", None)
+    out.pop("fairness", None)
+    return out | {"group_concurrency": config.group_cap, "fairness": config.fair}
 
 
 # --- archive ---------------------------------------------------------------------------------

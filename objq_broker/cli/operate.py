@@ -29,24 +29,37 @@ SETTINGS = {
     "dead-ttl": "dead_ttl_seconds",
     "idempotency": "idempotency_seconds",
     "expires": "expires_seconds",
+    "group-concurrency": "group_concurrency",
+    "fairness": "fairness",
 }
+#: What ``fairness`` may be given as.
+_FLAGS = {"on": True, "true": True, "yes": True, "off": False, "false": False, "no": False}
 
 
-def setting_value(name: str, raw: str) -> tuple[str, float | int]:
-    """The stored field and value for a setting given as ``lease 30s`` or ``max_attempts 3``."""
+def setting_value(name: str, raw: str) -> tuple[str, float | int | bool | None]:
+    """The stored field and value for a setting given as ``lease 30s``, ``max_attempts 3``,
+    ``group-concurrency 1`` (``none`` lifts the cap) or ``fairness off``."""
     lookup = {**SETTINGS, **{field: field for field in SETTINGS.values()}}
     stored = lookup.get(name) or lookup.get(name.replace("_", "-"))
     if stored is None:
         raise UsageError(f"setting {name!r}: expected one of {', '.join(SETTINGS)}")
-    if stored == "max_attempts":
+    if stored == "fairness":
+        flag = _FLAGS.get(raw.lower())
+        if flag is None:
+            raise UsageError(f"fairness: expected on or off, found {raw!r}")
+        return stored, flag
+    if stored == "group_concurrency" and raw.lower() == "none":
+        return stored, None
+    if stored in ("max_attempts", "group_concurrency"):
         try:
             return stored, int(raw)
         except ValueError:
-            raise UsageError(f"max-attempts: expected a whole number, found {raw!r}") from None
+            shown_name = stored.replace("_", "-")
+            raise UsageError(f"{shown_name}: expected a whole number, found {raw!r}") from None
     return stored, parse_duration(raw)
 
 
-def _settings(ctx: Context) -> dict[str, float | int]:
+def _settings(ctx: Context) -> dict[str, float | int | bool | None]:
     given = {name: getattr(ctx.args, name.replace("-", "_"), None) for name in SETTINGS}
     return dict(setting_value(name, str(raw)) for name, raw in given.items() if raw is not None)
 
@@ -63,13 +76,19 @@ def cmd_declare(ctx: Context) -> int:
     return 0
 
 
+def _shown_setting(value: float | int | bool | None) -> str:
+    if value is None or isinstance(value, bool):
+        return {None: "none", True: "on", False: "off"}[value]
+    return f"{value:g}"
+
+
 def cmd_config_set(ctx: Context) -> int:
     ctx.snapshot()
     stored, value = setting_value(ctx.args.key, ctx.args.value)
     config = ctx.queue().configure(ctx.args.queue, **{stored: value})
     ctx.emit(
         {"queue": ctx.args.queue, "config": config_dict(config)},
-        f"queue {ctx.args.queue!r}: {stored} = {value:g}",
+        f"queue {ctx.args.queue!r}: {stored} = {_shown_setting(value)}",
     )
     return 0
 

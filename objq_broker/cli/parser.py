@@ -179,7 +179,8 @@ def _reading_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "value",
         metavar="VALUE",
         action=values.SettingValue,
-        help="a number; durations take s/m/h/d",
+        help="a number; durations take s/m/h/d; fairness: on or off; group-concurrency: none "
+        "lifts the cap",
     )
 
     archive = _group(commands, common, "archive", "finished jobs")
@@ -280,7 +281,7 @@ def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     for name in operate.SETTINGS:
         if name in values.DURATION_SETTINGS:
             sub.add_argument(f"--{name}", type=values.duration(above_zero=True), metavar="VALUE")
-        else:  # max-attempts: the queue API's refusal names it, as for `config set`
+        else:  # max-attempts, group-concurrency, fairness: read as `config set` reads them
             sub.add_argument(f"--{name}", metavar="VALUE")
 
 

@@ -22,7 +22,11 @@ from objq_broker.model.settings import from_texts
 #: Times ``--since`` and ``--until`` may name (UTC): what the archive's dated keys can write.
 TIME_RANGE = (datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC))
 #: Queue settings that are durations (the others are counts), by their option names.
-DURATION_SETTINGS = frozenset(name for name in operate.SETTINGS if name != "max-attempts")
+DURATION_SETTINGS = frozenset(
+    name
+    for name in operate.SETTINGS
+    if name not in ("max-attempts", "group-concurrency", "fairness")
+)
 
 
 def setting(struct: type[msgspec.Struct], name: str) -> Callable[[str], Any]:

@@ -317,3 +317,27 @@ def test_jsonl_lines_name_their_group_by_a_field_in_order_and_in_one_commit(
     assert (queue["groups"], busiest) == (3, [("a", 2, 0), ("b", 1, 0), ("c", 1, 0)])
     text = objq("status", url=file_url).stdout
     assert "GROUPS" in text and "busiest groups of q: a (2 ready, 0 in flight" in text
+
+
+def test_group_settings_by_declare_and_config_set_and_shown_for_every_queue(
+    objq: Objq, file_url: str
+) -> None:
+    assert objq("declare", "plain", url=file_url).code == 0
+    declared = objq("declare", "tenants", "--group-concurrency", "1", "--json", url=file_url)
+    assert declared.code == 0, declared.stderr
+    assert objq("config", "set", "tenants", "fairness", "off", url=file_url).code == 0
+    config = objq("config", "show", "--json", url=file_url).json()
+    groups = {name: (c["group_concurrency"], c["fairness"]) for name, c in config.items()}
+    assert groups == {"plain": (None, True), "tenants": (1, False)}
+    lifted = objq("config", "set", "tenants", "group-concurrency", "none", url=file_url)
+    assert lifted.code == 0 and "group_concurrency = none" in lifted.stdout
+    assert (
+        objq("config", "show", "tenants", "--json", url=file_url).json()["tenants"][
+            "group_concurrency"
+        ]
+        is None
+    )
+    refused = objq("config", "set", "tenants", "fairness", "maybe", url=file_url)
+    assert refused.code == 2 and "fairness: expected on or off, found 'maybe'" in refused.stderr
+    shown = objq("config", "show", url=file_url)
+    assert shown.code == 0 and "group_concurrency" in shown.stdout, shown.stderr
