@@ -32,8 +32,8 @@ SETTINGS = {
     "group-concurrency": "group_concurrency",
     "fairness": "fairness",
 }
-#: What ``fairness`` may be given as.
-_FLAGS = {"on": True, "true": True, "yes": True, "off": False, "false": False, "no": False}
+#: What an on/off setting (``fairness``) may be given as.
+FLAGS = {"on": True, "true": True, "yes": True, "off": False, "false": False, "no": False}
 
 
 def setting_value(name: str, raw: str) -> tuple[str, float | int | bool | None]:
@@ -44,7 +44,7 @@ def setting_value(name: str, raw: str) -> tuple[str, float | int | bool | None]:
     if stored is None:
         raise UsageError(f"setting {name!r}: expected one of {', '.join(SETTINGS)}")
     if stored == "fairness":
-        flag = _FLAGS.get(raw.lower())
+        flag = FLAGS.get(raw.lower())
         if flag is None:
             raise UsageError(f"fairness: expected on or off, found {raw!r}")
         return stored, flag

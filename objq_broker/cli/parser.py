@@ -281,7 +281,11 @@ def _writing_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     for name in operate.SETTINGS:
         if name in values.DURATION_SETTINGS:
             sub.add_argument(f"--{name}", type=values.duration(above_zero=True), metavar="VALUE")
-        else:  # max-attempts, group-concurrency, fairness: read as `config set` reads them
+        elif name == "group-concurrency":
+            sub.add_argument(f"--{name}", type=values.whole(1, MAX_CLAIM), metavar="N")
+        elif name == "fairness":
+            sub.add_argument(f"--{name}", type=values.flag, metavar="on|off")
+        else:  # max-attempts: the queue API's refusal names it, as for `config set`
             sub.add_argument(f"--{name}", metavar="VALUE")
 
 

@@ -73,6 +73,13 @@ def rate(text: str) -> str:
     return text
 
 
+def flag(text: str) -> str:
+    """An argparse type: on or off (true/false, yes/no), as given."""
+    if text.lower() not in operate.FLAGS:
+        raise argparse.ArgumentTypeError(f"expected on or off, found {shown(text)}")
+    return text
+
+
 def whole(low: int = 1, high: int | None = None) -> Callable[[str], int]:
     """An argparse type: a whole number from ``low`` to ``high`` (no limit if None)."""
 

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 import objq_broker.kombu  # noqa: F401  (registers the objq transport)
 from objq_broker import ConfigurationError, Queue
 from objq_broker.cli import main
-from objq_broker.cli.operate import SETTINGS
+from objq_broker.cli.operate import FLAGS, SETTINGS
 from objq_broker.cli.parser import MAX_DEMO_JOBS, MAX_THREADS, build_parser
 from objq_broker.cli.values import TIME_RANGE
 from objq_broker.dramatiq import ObjqBroker
@@ -303,8 +303,10 @@ PARSED = [
     *(
         (["declare", "d", f"--{name}={{v}}"], name, _duration_in(above_zero=True))
         for name in SETTINGS
-        if name != "max-attempts"
+        if name not in ("max-attempts", "group-concurrency", "fairness")
     ),
+    (["declare", "d", "--group-concurrency={v}"], "group-concurrency", _whole_in(1, MAX_CLAIM)),
+    (["declare", "d", "--fairness={v}"], "fairness", lambda v: str(v).lower() in FLAGS),
 ]
 
 
