@@ -235,17 +235,21 @@ class JobOptions(TypedDict, total=False):
     group: str | None
 
 
-_JOB_OPTIONS = JobOptions.__optional_keys__ | JobOptions.__required_keys__
+def known_keywords(options: Mapping[str, Any], accepted: Any, where: str) -> None:
+    """Refuse a keyword of ``options`` that the TypedDict ``accepted`` does not list: a
+    misspelt one must not be dropped without a word."""
+    names = accepted.__optional_keys__ | accepted.__required_keys__
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise TypeError(
+            f"{where}: unexpected keyword {', '.join(map(repr, unknown))}; "
+            f"expected {', '.join(sorted(names))} (or the call's own)"
+        )
 
 
 def _enqueue_args(queue: str, options: JobOptions, where: str) -> _EnqueueArgs:
     """The options every job of an enqueue shares, checked in one conversion."""
-    unknown = sorted(set(options) - _JOB_OPTIONS)
-    if unknown:  # a misspelt keyword must not be dropped without a word
-        raise TypeError(
-            f"{where}: unexpected keyword {', '.join(map(repr, unknown))}; "
-            f"expected {', '.join(sorted(_JOB_OPTIONS))} (or the call's own)"
-        )
+    known_keywords(options, JobOptions, where)
     given = {
         "queue": queue,
         "priority": options.get("priority", 0),

@@ -89,9 +89,6 @@ class ClaimOptions(TypedDict, total=False):
     ordered: bool
 
 
-_CLAIM_OPTIONS = ClaimOptions.__optional_keys__ | ClaimOptions.__required_keys__
-
-
 class QueueCore:
     """What a queue stands on, whichever face it shows (see the module's description); it
     takes the arguments of :class:`~objq_broker.queue.Queue`. Thread-safe.
@@ -150,13 +147,7 @@ class QueueCore:
         """The claim of up to ``n`` jobs from ``queues`` by ``options``' owner (default: this
         core's)."""
         names = [queues] if isinstance(queues, str) else list(queues)
-        unknown = sorted(set(options) - _CLAIM_OPTIONS)
-        if unknown:  # a misspelt keyword must not be dropped without a word
-            expected = ", ".join(sorted(_CLAIM_OPTIONS))
-            raise TypeError(
-                f"claim from {shown(names, 120)}: unexpected keyword "
-                f"{', '.join(map(repr, unknown))}; expected {expected} (or the call's own)"
-            )
+        builders.known_keywords(options, ClaimOptions, f"claim from {shown(names, 120)}")
         return builders.claim(
             names,
             n,
