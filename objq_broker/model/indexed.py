@@ -18,7 +18,7 @@ the jobs changed since. Every change to a job passes through the index (a push, 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Literal
 
 import msgspec
@@ -211,6 +211,10 @@ class QueueIndex:
             for queue, config in queues.items():
                 if config.has_group_rules():
                     self.set_rules(queue, config)
+        # A queue whose grouped jobs are all in runs claims by groups too: a job that leaves
+        # its runs must leave its group's count (``loaded``).
+        for queue in self._group_runs:
+            self._lines_of(queue)
         for job in self.jobs.values():
             self._members.setdefault(job.queue, set()).add(job.id)
             self.push_timed(job)
@@ -458,12 +462,19 @@ class QueueIndex:
 
     def spilled(self, queue: str, jobs: Iterable[Job]) -> None:
         """``jobs`` of ``queue`` were written to its ready runs: their groups count them."""
-        counts: dict[str, int] | None = None
+        counts: dict[str, int] = {}
         for job in jobs:
             if job.group is not None:
-                if counts is None:
-                    counts = self._group_runs.setdefault(queue, {})
                 counts[job.group] = counts.get(job.group, 0) + 1
+        if counts:
+            self.run_groups(queue, counts)
+
+    def run_groups(self, queue: str, counts: Mapping[str, int]) -> None:
+        """``queue``'s ready runs hold ``counts`` more jobs of these groups."""
+        self._lines_of(queue)  # its claims go by groups from now on, counting what leaves
+        held = self._group_runs.setdefault(queue, {})
+        for group, count in counts.items():
+            held[group] = held.get(group, 0) + count
 
     def loaded(self, job: Job) -> None:
         """``job`` left its queue's ready runs for the head: its group counts it no more."""

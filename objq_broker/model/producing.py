@@ -181,6 +181,9 @@ def enqueue_runs(
         refs.append(rebased(run.ref(), state.doc.seq + 1))
         state.doc.seq += run.count
         state.doc.bodies[run.bodies] = state.doc.bodies.get(run.bodies, 0) + run.count
+        if run.groups:
+            state.index.run_groups(queue, run.groups)
+            state.doc.grouped = True
     state.backlog.add_runs(queue, refs)
     _note_written(state, queue, write_id, now, runs[0].key if runs else "")
     return sum(run.count for run in runs)
@@ -222,6 +225,11 @@ def _check_staged_runs(state: QueueState, queue: str, runs: list[StagedRun]) -> 
         if run.last < run.next:
             raise ConfigurationError(
                 f"{where}: run {run.key}'s last job {run.last} sorts before its first {run.next}"
+            )
+        if run.groups and (run.kind != "ready" or sum(run.groups.values()) > run.count):
+            raise ConfigurationError(
+                f"{where}: run {run.key}: expected group counts of a ready run, at most its "
+                f"{run.count} jobs in all; found {sum(run.groups.values())} in a {run.kind} run"
             )
 
 

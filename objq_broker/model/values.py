@@ -67,7 +67,9 @@ class StagedBodies(msgspec.Struct, frozen=True):
 class StagedRun(msgspec.Struct, frozen=True):
     """A run written ahead of the commit that enqueues its jobs (by a Spark task): its jobs
     refer to entries of the bodies object ``bodies`` and are numbered from 0; ``next``,
-    ``last`` and ``oldest`` are as in its :class:`RunRef`."""
+    ``last`` and ``oldest`` are as in its :class:`RunRef`. ``groups`` counts the jobs of
+    each group a ready run holds (``docs/groups.md``): a claim needs them to keep a group's
+    cap and share without reading the run; a timed run's jobs enter the head when due."""
 
     key: StagedKey
     bodies: StagedKey
@@ -76,6 +78,7 @@ class StagedRun(msgspec.Struct, frozen=True):
     next: OrderPosition
     last: OrderPosition
     oldest: Finite
+    groups: dict[Identifier, Annotated[int, msgspec.Meta(ge=1)]] | None = None
 
     def ref(self) -> RunRef:
         return RunRef(

@@ -10,7 +10,8 @@ Three ways, chosen by the writer's options:
 For messages, positional arguments come from ``args_columns`` (a comma-separated list of
 columns, in order) or ``args_column`` (one array column); keyword arguments from
 ``kwargs_columns`` (named columns) or ``kwargs_column`` (a map or struct column).
-``priority_column`` and ``delay_column`` (seconds) set a job's priority and delay per row.
+``priority_column`` and ``delay_column`` (seconds) set a job's priority and delay per row,
+``group_column`` its group (``docs/groups.md``; null: none).
 
 Each column is checked where it enters: its Spark type when the write is planned (on the
 driver, before any task runs), and its values, batch by batch, against the constraints the
@@ -42,7 +43,7 @@ from pyspark.sql.types import (
 )
 
 from objq_broker.errors import ConfigurationError
-from objq_broker.model.checks import Priority, SignedSeconds, checked
+from objq_broker.model.checks import Identifier, Priority, SignedSeconds, checked
 from objq_broker.model.messages import celery_message, dramatiq_message
 
 DEFAULT_PAYLOAD_COLUMN = "payload"
@@ -63,11 +64,12 @@ WRITER_OPTIONS = (
     "priority_column",
     "delay_seconds",
     "delay_column",
+    "group_column",
     "max_attempts",
     "rows_per_object",
 )
 
-Row = tuple[bytes, int | None, float | None]  # payload, priority, delay
+Row = tuple[bytes, int | None, float | None, str | None]  # payload, priority, delay, group
 
 _INTEGERS: tuple[type[DataType], ...] = (ByteType, ShortType, IntegerType, LongType)
 #: The Spark types the column an option names may have, and how an error says them.
@@ -82,6 +84,7 @@ _COLUMN_TYPES: dict[str, tuple[tuple[type[DataType], ...], str]] = {
         (*_INTEGERS, FloatType, DoubleType),
         "seconds as tinyint, smallint, int, bigint, float or double",
     ),
+    "group_column": ((StringType,), "string"),
 }
 
 
@@ -91,6 +94,7 @@ class _RowValues(msgspec.Struct, frozen=True):
 
     priority: list[Priority | None] = msgspec.field(default_factory=list)
     delay: list[SignedSeconds | None] = msgspec.field(default_factory=list)
+    group: list[Identifier | None] = msgspec.field(default_factory=list)
 
 
 def required(options: Mapping[str, str], name: str, where: str) -> str:
@@ -133,7 +137,7 @@ def _columns(raw: str | None) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class RowPlan:
-    """Which columns make a row's payload, priority and delay."""
+    """Which columns make a row's payload, priority, delay and group."""
 
     kind: str  # "payload", "dramatiq" or "celery"
     message_queue: str
@@ -146,6 +150,7 @@ class RowPlan:
     kwargs_columns: tuple[str, ...] = ()
     priority_column: str | None = None
     delay_column: str | None = None
+    group_column: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], schema: StructType, queue: str) -> RowPlan:
@@ -187,6 +192,7 @@ class RowPlan:
             kwargs_columns=_columns(options.get("kwargs_columns")),
             priority_column=options.get("priority_column") or None,
             delay_column=options.get("delay_column") or None,
+            group_column=options.get("group_column") or None,
         )
         columns = list(schema.fieldNames())
         missing = [c for c in plan.used_columns() if c not in columns]
@@ -207,6 +213,7 @@ class RowPlan:
             "kwargs_column": self.kwargs_column,
             "priority_column": self.priority_column,
             "delay_column": self.delay_column,
+            "group_column": self.group_column,
         }
         return {option: column for option, column in names.items() if column}
 
@@ -218,17 +225,19 @@ class RowPlan:
             self.kwargs_column,
             self.priority_column,
             self.delay_column,
+            self.group_column,
         ]
         return [c for c in single if c] + list(self.args_columns) + list(self.kwargs_columns)
 
     def rows(self, batch: pa.RecordBatch) -> Iterator[Row]:
-        """(payload, priority, delay) of each row of ``batch``; a priority or delay of None
-        leaves the writer's option."""
+        """(payload, priority, delay, group) of each row of ``batch``; a priority or delay of
+        None leaves the writer's option, a group of None is none."""
         count = batch.num_rows
         priorities = self._settings(batch, "priority", self.priority_column, count)
         delays = self._settings(batch, "delay", self.delay_column, count)
+        groups = self._settings(batch, "group", self.group_column, count)
         for index, payload in enumerate(self._payloads(batch, count)):
-            yield payload, priorities[index], delays[index]
+            yield payload, priorities[index], delays[index], groups[index]
 
     def _settings(
         self, batch: pa.RecordBatch, field: str, name: str | None, count: int

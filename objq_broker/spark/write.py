@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -167,8 +168,8 @@ def stage_rows(
         )
         stager = _Stager(store, stem, plan)
         for batch in iterator:
-            for body, priority, delay in settings.plan.rows(batch):
-                stager.add(body, priority, delay)
+            for body, priority, delay, group in settings.plan.rows(batch):
+                stager.add(body, priority, delay, group)
         stager.close()
         if not stager.runs:
             stager.check_open()
@@ -286,14 +287,17 @@ class _Stager:
         self.runs: list[StagedRun] = []
         self._objects = 0
         self._entries: list[tuple[str, bool]] = []
-        self._rows: list[tuple[int, float]] = []  # (priority, delay) of each entry
+        # (priority, delay, group) of each entry
+        self._rows: list[tuple[int, float, str | None]] = []
 
-    def add(self, body: bytes, priority: int | None, delay: float | None) -> None:
-        """Stage a row; its priority and delay were checked (None: the write's own)."""
+    def add(
+        self, body: bytes, priority: int | None, delay: float | None, group: str | None
+    ) -> None:
+        """Stage a row; its settings were checked (None: the write's own; no group)."""
         priority = self.plan.priority if priority is None else priority
         delay = self.plan.delay if delay is None else delay
         self._entries.append(encode_payload(body))
-        self._rows.append((priority, delay))
+        self._rows.append((priority, delay, group))
         if len(self._entries) >= self.plan.rows_per_object:
             self._flush()
 
@@ -320,7 +324,7 @@ class _Stager:
         ids = uuid.uuid4().hex[:20]
         plan = self.plan
         kinds: dict[Literal["ready", "timed"], list[Job]] = {"ready": [], "timed": []}
-        for index, (priority, delay) in enumerate(self._rows):
+        for index, (priority, delay, group) in enumerate(self._rows):
             jobs = kinds["timed" if delay > 0 else "ready"]
             jobs.append(
                 Job(
@@ -333,6 +337,7 @@ class _Stager:
                     visible_at=now + max(delay, 0.0),
                     max_attempts=plan.max_attempts,
                     ref=f"{bodies}#{index}",
+                    group=group,
                 )
             )
         made: list[tuple[StagedRun, bytes]] = []
@@ -340,9 +345,19 @@ class _Stager:
             if jobs:
                 ref, data = build_run(f"{name}.{kind}.json", plan.queue, kind, jobs)
                 last = ref.last or ref.next
-                made.append(
-                    (StagedRun(ref.key, bodies, kind, ref.count, ref.next, last, ref.oldest), data)
+                # A ready run names its groups' counts; a timed run's jobs enter the head.
+                groups = Counter(job.group for job in jobs if job.group and kind == "ready")
+                staged = StagedRun(
+                    ref.key,
+                    bodies,
+                    kind,
+                    ref.count,
+                    ref.next,
+                    last,
+                    ref.oldest,
+                    dict(groups) or None,
                 )
+                made.append((staged, data))
         return made
 
     def check_open(self) -> None:

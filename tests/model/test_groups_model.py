@@ -327,3 +327,18 @@ def test_stats_count_groups_and_name_the_busiest_in_the_head_and_in_runs() -> No
     second = stats.busiest[1]
     assert (second.group, second.ready, second.in_flight) == ("B", 1, 1), b0
     assert second.oldest_ready_age_seconds == 9.0
+
+
+def test_a_reloaded_state_whose_groups_are_all_in_runs_counts_what_a_claim_takes() -> None:
+    # Given a queue whose grouped jobs were all spilled, read back by another process
+    state = QueueState()
+    state.enqueue([NewJob(f"a{i}", Q, "x", group="A") for i in range(10)], 1000.0)
+    state.spill(0, functools.partial(run_key, 1, "c1"), run_jobs=100)
+    [(key, data)] = state.backlog.new_runs
+    reloaded = QueueState(decode_state(state.encode(), "test"))
+    reloaded.run_contents = {key: decode_run(reloaded.doc.runs[Q][0], Q, data)}
+    # When it claims two
+    reloaded.claim(Q, ["t0", "t1"], "w", 1001.0)
+    # Then A still counts ten jobs: two in flight, eight ready (none counted twice)
+    [top] = reloaded.stats(Q, 1002.0).busiest
+    assert (top.group, top.ready, top.in_flight) == ("A", 8, 2)

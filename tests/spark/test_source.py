@@ -406,3 +406,43 @@ def test_the_jobs_and_archive_tables_show_each_jobs_group(spark: Any, tmp_path: 
     assert jobs == {b"a1": "tenant-a", b"none": None}
     archive = _jobs(spark, url, "archive").where("`group` = 'tenant-a'").collect()
     assert [r.payload for r in archive] == [b"a0"]
+
+
+def test_a_group_column_puts_each_rows_job_in_its_group_with_its_cap_and_order(
+    spark: Any, tmp_path: Path
+) -> None:
+    # Given a queue that runs one job of a group at a time, and a job of tenant b enqueued
+    # before the write
+    url = (tmp_path / "store").as_uri()
+    with Queue(url) as queue:
+        queue.declare("g", group_concurrency=1)
+        queue.enqueue("g", b"b-first", group="b")
+    # When a DataFrame of 20 rows in two groups (and 4 with none) is written
+    df = spark.range(0, 24, numPartitions=2).select(
+        F.concat(F.lit("row-"), F.col("id").cast("string")).alias("payload"),
+        F.when(F.col("id") >= 20, F.lit(None))
+        .otherwise(F.when(F.col("id") % 2 == 0, F.lit("a")).otherwise(F.lit("b")))
+        .alias("tenant"),
+    )
+    _writer(spark, df, url, queue="g", group_column="tenant").save()
+    with Queue(url) as queue:
+        # Then the groups are counted without reading the runs
+        stats = queue.stats("g")
+        assert stats.groups == 2  # a and b (the four rows of no group name none)
+        counts = {g.group: g.ready for g in stats.busiest if g.group in ("a", "b")}
+        assert counts == {"a": 10, "b": 11}
+        # And a claim takes one job of each group at most, a group's first job first
+        claimed = queue.claim("g", 30)
+        firsts = {d.payload for d in claimed}
+        assert {b"b-first", b"row-0"} <= firsts
+        assert not firsts & {f"row-{n}".encode() for n in range(2, 20)}
+        # And the jobs of each group run in row order, one at a time, all of them
+        order: dict[str, list[bytes]] = {"a": [], "b": []}
+        while claimed:
+            for delivery in claimed:
+                if delivery.job.group in order:
+                    order[delivery.job.group].append(delivery.payload)
+                queue.ack(delivery)
+            claimed = queue.claim("g", 30)
+    assert order["a"] == [f"row-{n}".encode() for n in range(0, 20, 2)]
+    assert order["b"] == [b"b-first"] + [f"row-{n}".encode() for n in range(1, 20, 2)]

@@ -233,4 +233,12 @@ def test_refused_staged_runs_change_nothing_and_a_repeated_write_adds_nothing() 
         too_many = msgspec.structs.asdict(other[0]) | {"count": MAX_RUN_JOBS + 1}
         with pytest.raises(ConfigurationError, match="count"):
             queue.enqueue_runs("q", [StagedRun(**too_many)], write_id="v5")
+        overcounted = [msgspec.structs.replace(other[0], groups={"t": 2})]
+        with pytest.raises(ConfigurationError, match="at most its 1 jobs in all; found 2"):
+            queue.enqueue_runs("q", overcounted, write_id="v6")
+        timed = _stage_runs(store, "staging/v/2", [("d", 0, 60.0)])
+        with pytest.raises(ConfigurationError, match="in a timed run"):
+            queue.enqueue_runs(
+                "q", [msgspec.structs.replace(timed[0], groups={"t": 1})], write_id="v7"
+            )
         assert queue.stats("q").ready == 2
