@@ -1,9 +1,11 @@
 """A worker of two queues, one of them holding 20,000 jobs: the other queue's jobs start
-within a second of being sent, with Celery (a worker on ``-Q a,b``) and with Dramatiq (a
-worker of two actors' queues)."""
+within a second of being sent, with Celery (a ``celery worker -Q a,b`` process) and with
+Dramatiq (a worker of two actors' queues)."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,12 +13,15 @@ from pathlib import Path
 import dramatiq
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 from dramatiq import Worker
 
 import objq_broker.kombu  # noqa: F401  (registers the objq+... URLs)
 from objq_broker import Queue
 from objq_broker.dramatiq import ObjqBroker
+from tests.support.processes import Children
+from tests.support.waiting import wait_for
+
+ROOT = Path(__file__).parents[2]
 
 BACKLOG = 20_000
 SENT = 10
@@ -33,23 +38,13 @@ def _waits(record: list[float], sent: int, within: float) -> list[float]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_celery_worker_of_two_queues_starts_the_quiet_ones_jobs_at_once(tmp_path: Path) -> None:
+def test_a_celery_worker_of_two_queues_starts_the_quiet_ones_jobs_at_once(
+    tmp_path: Path, children: Children
+) -> None:
     url = (tmp_path / "broker").as_uri()
+    record = tmp_path / "waited.txt"
+    record.touch()
     app = Celery("across", broker=f"objq+{url}")
-    app.conf.broker_transport_options = {"visibility_timeout": 60.0, "polling_interval": 0.1}
-    app.conf.worker_hijack_root_logger = False
-    app.conf.task_ignore_result = True
-    waited: list[float] = []
-
-    def busy() -> None:
-        time.sleep(0.001)
-
-    def quiet(sent_at: float) -> None:
-        waited.append(time.time() - sent_at)
-
-    # (Registered by call, not as decorators: Celery's decorator is not annotated.)
-    app.task(name="across.busy", shared=False)(busy)
-    app.task(name="across.quiet", shared=False)(quiet)
     # Given queue "a" holding 20,000 tasks (copies of one sent message, enqueued in bulk)
     app.send_task("across.busy", queue="a")
     with Queue(url) as queue:
@@ -57,19 +52,38 @@ def test_a_celery_worker_of_two_queues_starts_the_quiet_ones_jobs_at_once(tmp_pa
         for _ in range(0, BACKLOG - 1, 1000):
             queue.enqueue_many("a", [sent.payload] * 1000)
         queue.declare("b")
-    # When a worker of queues a and b runs, and ten tasks are sent to b
-    with start_worker(
-        app, pool="solo", perform_ping_check=False, shutdown_timeout=30, queues=["a", "b"]
-    ):
-        time.sleep(1.0)  # it is busy with a's backlog
+        # When a worker process (Celery's default pool) on -Q a,b works through a's backlog
+        env = dict(os.environ, ACROSS_BROKER=f"objq+{url}", ACROSS_RECORD=str(record))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        children.start(
+            [
+                *(sys.executable, "-m", "celery", "-A", "tests.groups.across_app", "worker"),
+                *("-Q", "a,b", "--concurrency", "2", "--loglevel", "WARNING"),
+                *("--without-gossip", "--without-mingle", "--without-heartbeat"),
+            ],
+            env=env,
+            cwd=ROOT,
+            log=tmp_path / "worker.log",
+            group=True,
+        )
+        wait_for(
+            lambda: queue.stats("a").ready < BACKLOG - 100,
+            60.0,
+            "the worker to start on a's backlog",
+            progress=(tmp_path / "worker.log").read_text,
+        )
+        # And ten tasks are sent to b
         for _ in range(SENT):
             app.send_task("across.quiet", (time.time(),), queue="b")
             time.sleep(0.05)
-        seen = _waits(waited, SENT, 30.0)
+        wait_for(lambda: len(record.read_text().split()) >= SENT, 30.0, "b's tasks to start")
+        left = queue.stats("a").ready
     app.close()
-    # Then each of b's tasks started within a second of being sent
+    seen = [float(line) for line in record.read_text().split()]
+    # Then each of b's tasks started within a second of being sent, a's backlog still there
     assert len(seen) == SENT, f"only {len(seen)} of b's tasks ran: {seen}"
     assert max(seen) < WITHIN_SECONDS, seen
+    assert left > BACKLOG / 2, "a's backlog drained first: the test proves nothing"
 
 
 @pytest.mark.slow
