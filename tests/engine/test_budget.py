@@ -38,6 +38,36 @@ def test_a_budget_spaces_state_writes_and_loses_nothing(tmp_path: Path, mode: st
     assert written <= 4.0 * took + 2, (written, took)
 
 
+@pytest.mark.parametrize("mode", ["off", "auto"])
+def test_a_budget_keeps_a_grouped_queues_cap_and_loses_nothing(tmp_path: Path, mode: str) -> None:
+    with Queue(tmp_path.as_uri(), broker=mode) as queue:
+        # Given a queue of one job per tenant at a time, under a budget of 4 writes a second
+        queue.declare("q", group_concurrency=1)
+        queue.set_write_budget(4.0)
+        futures = [
+            queue.submit(builders.enqueue("q", [f"{n}".encode()], group=f"t{n % 3}"))
+            for n in range(30)
+        ]
+        for future in futures:
+            future.result(10)
+        # When workers claim and finish them, a claim at a time
+        done: list[bytes] = []
+        while len(done) < 30:
+            claimed = queue.claim("q", 10)
+            assert claimed, "a claim found nothing while jobs were left"
+            # Then no claim holds two jobs of one tenant
+            groups = [d.job.group for d in claimed]
+            assert len(groups) == len(set(groups)), groups
+            for delivery in claimed:
+                queue.ack(delivery)
+                done.append(delivery.payload)
+        # And every job ran once, each tenant's in order
+        assert sorted(done) == sorted(f"{n}".encode() for n in range(30))
+        for tenant in range(3):
+            mine = [int(p) for p in done if int(p) % 3 == tenant]
+            assert mine == sorted(mine)
+
+
 def test_every_process_obeys_the_budget_another_set(tmp_path: Path) -> None:
     url = tmp_path.as_uri()
     with Queue(url, broker="off") as setter:

@@ -248,6 +248,47 @@ def test_a_dramatiq_worker_stores_results_for_groups_pipelines_and_callbacks(
     assert sorted(runs) == sorted(expected)
 
 
+def test_results_of_a_capped_grouped_queue_come_back_and_each_group_ran_in_order(
+    file_broker: ObjqBroker,
+) -> None:
+    # Given a queue that runs one job of a tenant at a time, with an actor naming the tenant
+    file_broker.client.declare("tenants", group_concurrency=1)
+    running: dict[str, int] = {}
+    started: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    @dramatiq.actor(
+        broker=file_broker,
+        queue_name="tenants",
+        store_results=True,
+        group=lambda message: message.kwargs["tenant"],
+    )
+    def work(*, tenant: str, n: int) -> str:
+        with lock:
+            running[tenant] = running.get(tenant, 0) + 1
+            started.append((tenant, n))
+            overlapping = running[tenant] > 1
+        time.sleep(0.01)
+        with lock:
+            running[tenant] -= 1
+        assert not overlapping, f"two of {tenant}'s jobs ran at once"
+        return f"{tenant}:{n}"
+
+    # When three tenants' messages are sent and four worker threads run them
+    sent = [work.send(tenant=f"t{n % 3}", n=n) for n in range(12)]
+    worker = dramatiq.Worker(file_broker, worker_threads=4, worker_timeout=100)
+    worker.start()
+    try:
+        results = [m.get_result(block=True, timeout=30_000) for m in sent]
+    finally:
+        worker.stop()
+    # Then every result comes back, and each tenant's jobs started one after another, in order
+    assert results == [f"t{n % 3}:{n}" for n in range(12)]
+    for tenant in ("t0", "t1", "t2"):
+        mine = [n for t, n in started if t == tenant]
+        assert mine == sorted(mine) and len(mine) == 4, started
+
+
 def test_results_never_enter_the_queue_state(file_broker: ObjqBroker) -> None:
     secrets: list[str] = []
 
