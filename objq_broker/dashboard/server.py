@@ -47,6 +47,9 @@ class DashboardServer:
         config = uvicorn.Config(
             app,
             log_config=None,  # the process's own logging, not uvicorn's handlers
+            # Its start-up lines would say again what the caller's one line says; its
+            # warnings and errors still show.
+            log_level="warning",
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=int(STOP_TIMEOUT_SECONDS / 2),

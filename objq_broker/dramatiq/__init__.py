@@ -38,12 +38,12 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
 
 from objq_broker.dramatiq.broker import (
     DEFAULT_DEAD_MESSAGE_TTL_MS,
-    DEFAULT_LEASE_SECONDS,
     DEFAULT_MAX_CLAIM,
     DEFAULT_MAX_DELIVERIES,
     LEASE_ENV,
     ObjqBroker,
 )
+from objq_broker.model.records import DEFAULT_LEASE_SECONDS
 
 # The result and rate-limiter backends are importable from here, with the broker.
 from objq_broker.results.dramatiq import ObjqRateLimiterBackend, ObjqResultBackend

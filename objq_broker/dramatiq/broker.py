@@ -29,12 +29,11 @@ from objq_broker.model.checks import (
     PositiveSeconds,
     checked,
 )
+from objq_broker.model.records import DEFAULT_LEASE_SECONDS
 from objq_broker.model.settings import read_settings
 from objq_broker.queue import Queue
 from objq_broker.storage import ObjectStore
 
-#: A message is redelivered this long after its worker stopped heartbeating it.
-DEFAULT_LEASE_SECONDS = 30.0
 #: Dead-lettered messages are kept a week, as with Dramatiq's Redis and RabbitMQ brokers.
 DEFAULT_DEAD_MESSAGE_TTL_MS = 7 * 24 * 3600 * 1000
 #: How many lease expiries (killed workers) a message survives before it is dead-lettered.

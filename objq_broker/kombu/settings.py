@@ -19,11 +19,9 @@ from objq_broker.engine.options import ENGINE_OPTIONS, URL_ENV
 from objq_broker.errors import ConfigurationError, redacted
 from objq_broker.kombu.routing import DEFAULT_TABLE_TTL_SECONDS
 from objq_broker.model.checks import MAX_SECONDS, Attempts, ClaimCount, PositiveSeconds, Seconds
+from objq_broker.model.records import DEFAULT_LEASE_SECONDS
 from objq_broker.model.settings import option_names, read_settings
 
-#: Seconds a delivered message stays leased without a heartbeat: how long a dead consumer's
-#: messages take to come back. Not a limit on task length (live consumers heartbeat).
-DEFAULT_VISIBILITY_TIMEOUT_SECONDS = 60.0
 #: Seconds an idle consumer waits between polls of the store (each poll is one state read).
 #: Right after work it polls sooner (see ``objq_broker.kombu.events``). Idle, it reads as often
 #: as it did when its polls every 0.2 s were served from a cache up to 0.2 s old: every other
@@ -51,8 +49,10 @@ class TransportOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     #: The storage URL, with ``broker_url = "objq://"``. Checked by :func:`_storage_url`.
     url: Any = None
-    #: Seconds a delivered, unacked message stays leased without a heartbeat.
-    visibility_timeout: PositiveSeconds = DEFAULT_VISIBILITY_TIMEOUT_SECONDS
+    #: Seconds a delivered message stays leased without a heartbeat: how long a dead
+    #: consumer's messages take to come back. Not a limit on task length (live consumers
+    #: heartbeat). A queue's own lease by default, as for every client.
+    visibility_timeout: PositiveSeconds = DEFAULT_LEASE_SECONDS
     #: How often a connection extends its leases (None: visibility_timeout / 3).
     heartbeat_interval: PositiveSeconds | None = None
     #: The longest an idle consumer waits between polls.

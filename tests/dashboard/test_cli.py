@@ -4,12 +4,15 @@ each, as every objq command)."""
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 from objq_broker import Queue
 from objq_broker.dashboard.settings import TOKEN_ENV
 from tests.cli.objq_cli import objq_command, one_line_error, run_objq
 from tests.cli.test_missing_installs import run_without
+from tests.support.processes import Children
+from tests.support.waiting import wait_for
 
 
 def filled(tmp_path: Path) -> str:
@@ -53,3 +56,19 @@ def test_an_address_in_use_is_one_line(tmp_path: Path) -> None:
 def test_a_missing_directory_is_refused(tmp_path: Path) -> None:
     result = run_objq("dashboard", url=(tmp_path / "typo").as_uri())
     one_line_error(result, 1, "expected an existing directory")
+
+
+def test_a_serving_dashboard_says_one_line_and_one_when_it_stops(
+    tmp_path: Path, children: Children
+) -> None:
+    url = filled(tmp_path)
+    log = tmp_path / "dashboard.log"
+    command = [*objq_command(), "dashboard", "--url", url, "--listen", "127.0.0.1:0"]
+    process = children.start(command, log=log)
+    wait_for(lambda: "serving" in log.read_text() or "at http" in log.read_text(), 30, "serving")
+    time.sleep(1.0)  # what a server says after it started comes within this
+    serving = log.read_text().splitlines()
+    children.stop(process)
+    assert len(serving) == 1, serving
+    assert serving[0].startswith(f"objq dashboard: {url} at http://127.0.0.1:"), serving
+    assert log.read_text().splitlines()[1:] == ["objq dashboard: stopped"]

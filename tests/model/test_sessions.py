@@ -83,8 +83,13 @@ def test_only_one_of_two_candidates_that_saw_the_same_broker_takes_over() -> Non
     assert (first.epoch, first.since) == (1, NOW)
     won = TakeBroker(BrokerRecord("b", "127.0.0.1:2", 0, 0.0), 1).apply(state, NOW)
     assert won.epoch == 2 and state.doc.epoch == 2
-    with pytest.raises(BrokerTaken, match=r"127\.0\.0\.1:2"):
+    with pytest.raises(
+        BrokerTaken, match=r"epoch 1 was found gone; now it is epoch 2, at 127\.0\.0\.1:2"
+    ):
         TakeBroker(BrokerRecord("c", "127.0.0.1:3", 0, 0.0), 1).apply(state, NOW)
+    # Processes that start together: the loser found no broker, none was gone
+    with pytest.raises(BrokerTaken, match=r"^there was none when this process looked; now"):
+        TakeBroker(BrokerRecord("d", "127.0.0.1:4", 0, 0.0), None).apply(state, NOW)
     assert state.doc.broker == won
     assert ResignBroker(1).apply(state, NOW) is False  # not the holder: nothing changes
     assert ResignBroker(2).apply(state, NOW) is True

@@ -41,9 +41,14 @@ class TakeBroker(Op[BrokerRecord], frozen=True):
         current = doc.broker.epoch if doc.broker is not None else None
         if current != self.after:
             holder = doc.broker.address if doc.broker is not None else "none"
-            raise BrokerTaken(
-                f"the broker changed since it was found gone: now epoch {doc.epoch}, at {holder}"
+            # Processes that start together all find no broker and race for it: that is
+            # no broker gone, just another process first.
+            seen = (
+                "there was none when this process looked"
+                if self.after is None
+                else f"epoch {self.after} was found gone"
             )
+            raise BrokerTaken(f"{seen}; now it is epoch {doc.epoch}, at {holder}")
         doc.epoch += 1
         doc.broker = msgspec.structs.replace(self.record, epoch=doc.epoch, since=now)
         state.dirty = True
