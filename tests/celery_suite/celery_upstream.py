@@ -31,6 +31,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +57,11 @@ MAX_TEST_TIMEOUT_SECONDS = 120
 #: second after each for the worker's inspect() replies.
 RUN_TIMEOUT_SECONDS = {"t/integration/test_tasks.py": 360, "t/integration/test_canvas.py": 1200}
 #: Into how many runs side by side a module is split (shares of about equal time, see
-#: ``celery_conftest._shard``): the tests of test_canvas.py mostly wait, so three runs take a
-#: third of the time on the same cores, and with test_tasks.py make two even halves for two
-#: test processes.
-SHARDS = {"t/integration/test_tasks.py": 1, "t/integration/test_canvas.py": 3}
+#: ``celery_conftest._shard``): the tests of test_canvas.py mostly wait, so four runs started
+#: together, beside test_tasks.py, take about a quarter of the time on the same cores (its
+#: longest test, 172 s, sets the floor). More runs would starve its one busy test (a chord of
+#: 1,000 tasks that must finish within Celery's 60 s).
+SHARDS = {"t/integration/test_tasks.py": 1, "t/integration/test_canvas.py": 4}
 #: Environment variables the suite's conftest reads: where to write its JSON report, and
 #: which share of the module's tests to run (``k/n``).
 REPORT_ENV = "OBJQ_SUITE_REPORT"
@@ -165,7 +167,79 @@ def run_suite(
     extra_args: list[str] | None = None,
 ) -> upstream_sdist.SuiteRun:
     """Run one of ``MODULES`` with objq as Celery's broker and result backend; ``shard`` =
-    ``(k, n)`` runs every n-th of its tests from the k-th."""
+    ``(k, n)`` runs the k-th of n shares of its tests."""
+    return start_suite(
+        root, module, broker_url, backend_url, report_path, shard=shard, extra_args=extra_args
+    ).finish()
+
+
+@dataclass
+class StartedRun:
+    """A run of one module (or share) started in the background: ``finish`` waits for it."""
+
+    module: str
+    broker_url: str
+    backend_url: str
+    report_path: Path
+    shard: tuple[int, int] | None
+    command: list[str]
+    process: subprocess.Popen[str]
+    redis: RedisServer | None
+    started: float
+    result: upstream_sdist.SuiteRun | None = None
+
+    def stop(self) -> None:
+        """Kill the run if it still runs; stop its redis-server."""
+        if self.process.poll() is None:
+            kill(self.process)
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+
+    def finish(self) -> upstream_sdist.SuiteRun:
+        """Wait for the run (killed past ``RUN_TIMEOUT_SECONDS`` from its start); its result."""
+        if self.result is not None:
+            return self.result
+        log_path = self.report_path.with_suffix(".log")
+        left = self.started + RUN_TIMEOUT_SECONDS[self.module] - time.monotonic()
+        try:
+            try:
+                returncode = self.process.wait(timeout=max(left, 0.0))
+            except subprocess.TimeoutExpired:
+                returncode = kill(self.process)
+                with log_path.open("a") as log:
+                    log.write(
+                        f"\n(killed: the run took over {RUN_TIMEOUT_SECONDS[self.module]} s)\n"
+                    )
+        finally:
+            self.stop()
+        seconds = time.monotonic() - self.started
+        path = self.report_path
+        report = json.loads(path.read_text()) if path.exists() else {}
+        output = log_path.read_text()
+        share = "" if self.shard is None else f" (share {self.shard[0]} of {self.shard[1]})"
+        title = (
+            f"celery {report.get('celery')} {self.module}{share} on {self.broker_url}, "
+            f"results on {self.backend_url}"
+        )
+        self.result = upstream_sdist.SuiteRun(
+            title, returncode, seconds, report, output, self.command
+        )
+        return self.result
+
+
+def start_suite(
+    root: Path,
+    module: str,
+    broker_url: str,
+    backend_url: str,
+    report_path: Path,
+    *,
+    shard: tuple[int, int] | None = None,
+    extra_args: list[str] | None = None,
+) -> StartedRun:
+    """Start a run of ``module`` (or of its share ``shard``) in the background, as
+    :func:`run_suite` describes."""
     command = [
         sys.executable, "-m", "pytest", module,
         "-c", str(root / "pytest.ini"), "--rootdir", str(root),
@@ -198,22 +272,13 @@ def run_suite(
             process = subprocess.Popen(
                 command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
             )
-            try:
-                returncode = process.wait(timeout=RUN_TIMEOUT_SECONDS[module])
-            except subprocess.TimeoutExpired:
-                returncode = kill(process)
-                log.write(f"\n(killed: the run took over {RUN_TIMEOUT_SECONDS[module]} s)\n")
-    finally:
+    except BaseException:
         if redis is not None:
             redis.stop()
-    seconds = time.monotonic() - started
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    output = log_path.read_text()
-    share = "" if shard is None else f" (share {shard[0]} of {shard[1]})"
-    title = (
-        f"celery {report.get('celery')} {module}{share} on {broker_url}, results on {backend_url}"
+        raise
+    return StartedRun(
+        module, broker_url, backend_url, report_path, shard, command, process, redis, started
     )
-    return upstream_sdist.SuiteRun(title, returncode, seconds, report, output, command)
 
 
 SIDE_CHANNEL_TESTS_SKIP = "the tests that record what ran in Redis skip themselves"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,45 @@ def test_stop_all_kills_what_ignores_sigterm_and_reaps_everything(tmp_path: Path
     assert stuck == [stubborn]
     assert stubborn.returncode == -9 and leader.returncode == -15
     wait_for(lambda: not alive(grandchild), 5, "the grandchild to exit")
+
+
+#: Four tests of one xdist group, each writing the test process it ran in.
+GROUPED_TESTS = """
+import os, pytest
+
+@pytest.mark.xdist_group("together")
+@pytest.mark.parametrize("n", range(4))
+def test_grouped(n):
+    with open(os.environ["WHERE_FILE"], "a") as where:
+        where.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+"""
+
+
+def test_the_test_command_keeps_an_xdist_group_in_one_process(tmp_path: Path) -> None:
+    # The suite's command (pytest -n 2 --dist loadgroup) runs the Spark tests, and each
+    # upstream suite's runs, in one process of their group; a pytest and pytest-xdist that
+    # disagree on test ids scatter them silently.
+    (tmp_path / "test_grouped.py").write_text(GROUPED_TESTS)
+    where = tmp_path / "where.txt"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "--dist",
+            "loadgroup",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "WHERE_FILE": str(where)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    workers = where.read_text().split()
+    assert len(workers) == 4 and len(set(workers)) == 1, workers
