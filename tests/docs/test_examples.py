@@ -10,6 +10,7 @@ followed by a ``text`` block must print what that block shows (``...`` matches a
 
 from __future__ import annotations
 
+import ast
 import doctest
 import os
 import re
@@ -236,3 +237,18 @@ def test_the_getting_started_examples_run_in_order_and_print_what_the_page_shows
         [dead] = q.dead_letters("thumbnails")
     assert dead.attempts == 3
     assert dead.error is not None and "image-3.png: not an image" in dead.error
+
+
+@pytest.mark.parametrize(
+    "page",
+    [README, *sorted((ROOT / "docs").glob("*.md"))],
+    ids=lambda page: page.relative_to(ROOT).as_posix(),
+)
+def test_every_python_block_of_the_docs_is_python(page: Path) -> None:
+    """The examples no test runs (they need S3, a cluster or an app) still parse."""
+    for block in blocks(page):
+        if block.lang == "python":
+            try:
+                ast.parse(block.text)
+            except SyntaxError as exc:
+                pytest.fail(f"{page.name}, line {block.line + (exc.lineno or 0)}: {exc.msg}")
