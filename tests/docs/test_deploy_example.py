@@ -2,8 +2,9 @@
 tests/support/hosts.py) with the page's own app, environment files and command.
 
 Only what a test must change is changed: the store is a folder both hosts see (instead of
-S3), each host's advertised address is its test address, and the worker runs fewer processes
-and threads on a small machine. The rest, port and token included, is the page's.
+S3), each host's advertised address is its test address, and the workers are smaller (two
+processes or pool children per host, which still share the page's fixed port). The rest, port
+and token included, is the page's.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def test_the_two_host_dramatiq_example_shares_one_broker_across_the_hosts(
     assert len(files) == 2, "one environment file per host"
     (tmp_path / "app.py").write_text(app.text, encoding="utf-8")
     url = (tmp_path / "store").as_uri()
-    small = re.sub(r"--processes \d+ --threads \d+", "--processes 1 --threads 2", command)
+    small = re.sub(r"--processes \d+ --threads \d+", "--processes 2 --threads 2", command)
 
     a, b = hosts
     env_a, env_b = host_env(tmp_path, url, a, files[0]), host_env(tmp_path, url, b, files[1])
