@@ -23,6 +23,7 @@ import pytest
 
 from objq_broker import Queue
 from tests.support.processes import Children
+from tests.support.servers import create_s3_bucket, new_bucket_name
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,6 +176,26 @@ def test_the_readme_queue_example_sends_one_job_and_delays_the_other(tmp_path: P
     # Then it did the ready job, and the delayed one waits (nothing held, nothing dead)
     assert printed == 'sending {"to": "ada@example.com"}\n'
     assert stats(tmp_path, "emails") == (0, 1, 0, 0)
+
+
+@pytest.mark.timeout(120)
+def test_the_readme_queue_example_runs_on_s3_once_the_bucket_exists(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    [example] = [b for b in blocks(README) if b.lang == "python" and b.module is None]
+    bucket = new_bucket_name()
+    url = f"s3://{bucket}/jobs?endpoint_url={moto_endpoint}"
+    on_s3 = Block(example.lang, example.text.replace('"file://objq-data"', repr(url)), example.line)
+    assert on_s3.text != example.text
+    # Given no bucket: the example fails, saying so (the set-up list's first step)
+    with pytest.raises(AssertionError, match="the bucket does not exist"):
+        run_python(on_s3, tmp_path, "example.py")
+    # When the bucket exists, the same example, nothing else changed, runs
+    create_s3_bucket(moto_endpoint, bucket)
+    assert run_python(on_s3, tmp_path, "example.py") == 'sending {"to": "ada@example.com"}\n'
+    with Queue(url, broker="off") as q:
+        counts = q.stats("emails")
+    assert (counts.ready, counts.delayed, counts.in_flight, counts.dead) == (0, 1, 0, 0)
 
 
 @pytest.mark.slow
