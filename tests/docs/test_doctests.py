@@ -12,6 +12,7 @@ import doctest
 import importlib
 import os
 import pkgutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -54,12 +55,19 @@ def _import(name: str) -> ModuleType:
 
 @pytest.fixture
 def in_tmp_path(tmp_path: Path) -> Iterator[Path]:
+    """The test in ``tmp_path``; the process's global Dramatiq broker (an example may set one)
+    put back as it was, so later tests in this process do not use an example's broker."""
     before = Path.cwd()
+    dramatiq_broker = sys.modules.get("dramatiq.broker")
+    global_broker = getattr(dramatiq_broker, "global_broker", None)
     os.chdir(tmp_path)
     try:
         yield tmp_path
     finally:
         os.chdir(before)
+        dramatiq_broker = sys.modules.get("dramatiq.broker")
+        if dramatiq_broker is not None:
+            setattr(dramatiq_broker, "global_broker", global_broker)  # noqa: B010 (a ModuleType)
 
 
 def test_the_modules_with_examples_are_found() -> None:
