@@ -324,7 +324,7 @@ def test_a_token_is_never_shown_in_a_refusal() -> None:
 
 #: (file, text just before the table, struct): each table lists exactly its struct's settings.
 TABLES = [
-    ("README.md", "Queue settings, as keywords of `Queue(...)`", QueueSettings),
+    ("docs/queue.md", "Queue settings, as keywords of `Queue(...)`", QueueSettings),
     ("docs/broker.md", "Options (keywords of `Queue`/`AsyncQueue`", BrokerOptions),
     ("docs/celery.md", "## Transport options", TransportOptions),
     ("docs/celery.md", "`result_backend_transport_options` accepts:", BackendSettings),
@@ -394,7 +394,7 @@ def test_the_kombu_table_lists_every_engine_option_the_transport_passes_on() -> 
 
 
 def test_the_storage_url_table_lists_each_schemes_options() -> None:
-    _, body = _table("README.md", "## Storage URLs")
+    _, body = _table("docs/storage.md", "## Storage URLs")
     for row in body:
         scheme = row[0].strip("`").split("://")[0]
         listed = set(re.findall(r"`([a-z_]+)=?`", row[2]))

@@ -5,20 +5,9 @@
 >>> broker = ObjqBroker(url="memory://dramatiq-doc")
 >>> dramatiq.set_broker(broker)
 
-Mapping onto objq:
-
-* Each Dramatiq queue ``Q`` is an objq queue ``Q``, and its delay queue ``Q.DQ`` another.
-  A delayed message waits in storage (``visible_at`` = its ETA), so the worker's delay
-  consumer only ever receives messages that are due and holds nothing in memory for long.
-* Prefetch is one batched claim. A consumer's messages, prefetched and running, are
-  leases; one heartbeat per broker per interval extends all of them, so a long task is never
-  redelivered while its worker lives, and a killed worker's messages come back once their
-  lease runs out.
-* ``nack`` means dead-letter (Dramatiq's meaning); dead letters are kept for
-  ``dead_message_ttl`` milliseconds. ``requeue`` (worker shutdown) releases without counting
-  an attempt. Acks return once submitted and are durable with the next commit: a lost ack
-  only means one more delivery.
-* Priority comes from the ``broker_priority`` option (higher runs first, as with RabbitMQ).
+Each Dramatiq queue ``Q`` is an objq queue ``Q`` (and its delay queue ``Q.DQ`` another); the
+messages a worker process holds are leases that one heartbeat per broker extends. What maps to
+what, the settings, results and rate limits: ``docs/dramatiq.md``.
 
 Checked before anything is stored (a :class:`~objq_broker.errors.ConfigurationError`, a
 ``ValueError``, names what was refused): the broker's settings when it is built, an actor's

@@ -90,7 +90,9 @@ class ObjqResultBackend(ResultBackend):
         ``memory://name``), opened with :func:`~objq_broker.storage.open_store`.
       store: an already opened :class:`~objq_broker.storage.ObjectStore` instead of a URL.
       prefix: where results live in the store.
-      namespace, encoder, use_namespace_prefix_keys: as for any Dramatiq result backend.
+      namespace: as for any Dramatiq result backend.
+      encoder: as for any Dramatiq result backend.
+      use_namespace_prefix_keys: as for any Dramatiq result backend.
       poll_seconds: longest pause between two reads while waiting for a result stored by
         another process (each read is one GET).
       **storage_options: options for ``open_store`` (``endpoint_url``, ``region``, ...).
