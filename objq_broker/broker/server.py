@@ -61,6 +61,8 @@ from objq_broker.model.ops import Outcomes, Session
 log = logging.getLogger("objq_broker.broker")
 P = ParamSpec("P")
 T = TypeVar("T")
+#: What a request decodes to (a session, or a claim that holds one).
+R = TypeVar("R")
 
 #: Parked claims at once (each waits on a thread of its own).
 DEFAULT_MAX_PARKED = 128
@@ -268,13 +270,26 @@ class BrokerServer:
         return None
 
     def _apply(self, peer: bytes, rid: bytes, body: bytes) -> None:
-        try:
-            session = wire.decode_request(body)
-        except ConfigurationError as exc:
-            return self._refuse(peer, rid, exc)
-        if self._owned(peer, rid, session):
+        session = self._accepted(peer, rid, body, wire.decode_request, lambda s: s)
+        if session is not None:
             self._commit(peer, rid, session)
-        return None
+
+    def _accepted(
+        self,
+        peer: bytes,
+        rid: bytes,
+        body: bytes,
+        decode: Callable[[bytes], R],
+        session_of: Callable[[R], Session],
+    ) -> R | None:
+        """``body`` decoded, if it decodes and its session is this connection's; else None,
+        the request refused."""
+        try:
+            request = decode(body)
+        except ConfigurationError as exc:
+            self._refuse(peer, rid, exc)
+            return None
+        return request if self._owned(peer, rid, session_of(request)) else None
 
     def _commit(self, peer: bytes, rid: bytes, session: Session) -> None:
         try:
@@ -285,11 +300,8 @@ class BrokerServer:
         return None
 
     def _claim(self, peer: bytes, rid: bytes, body: bytes) -> None:
-        try:
-            asked = wire.decode_claim(body)
-        except ConfigurationError as exc:
-            return self._refuse(peer, rid, exc)
-        if not self._owned(peer, rid, asked.session):
+        asked = self._accepted(peer, rid, body, wire.decode_claim, lambda a: a.session)
+        if asked is None:
             return None
         if len(self.park) >= self.park.max_parked:  # no room to wait: answered at once
             return self._commit(peer, rid, asked.session)

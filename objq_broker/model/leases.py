@@ -194,22 +194,34 @@ def heartbeat(
     lease_seconds: float | None = None,
 ) -> list[bool]:
     """Extend many leases at once; the result says which were still held."""
-    alive: list[bool] = []
-    for job_id, token in held:
-        try:
-            job = _held(state, job_id, token)
-        except LeaseLost:
-            alive.append(False)
-            continue
+
+    def extend(job: Job) -> None:
         seconds = lease_seconds or state.doc.queues[job.queue].lease_seconds
         assert job.lease is not None
         job.lease = Lease(job.lease.token, job.lease.owner, now + seconds, now)
         job.visible_at = job.lease.expires_at
         state.index.push_timed(job)
         state.touch(job.queue, now)
+
+    return _each_held(state, held, extend)
+
+
+def _each_held(
+    state: QueueState, held: list[tuple[str, str]], change: Callable[[Job], None]
+) -> list[bool]:
+    """``change`` each job its token still holds; which were (a lost lease is no error here:
+    its holder only learns that it lost it)."""
+    done: list[bool] = []
+    for job_id, token in held:
+        try:
+            job = _held(state, job_id, token)
+        except LeaseLost:
+            done.append(False)
+            continue
+        change(job)
         state.dirty = True
-        alive.append(True)
-    return alive
+        done.append(True)
+    return done
 
 
 def ack(  # noqa: PLR0917 (as claim)
@@ -316,20 +328,14 @@ def _expire_lease(state: QueueState, job: Job, now: float) -> None:
 
 def release(state: QueueState, held: list[tuple[str, str]], now: float) -> list[bool]:
     """Give back unprocessed deliveries without counting an attempt."""
-    released: list[bool] = []
-    for job_id, token in held:
-        try:
-            job = _held(state, job_id, token)
-        except LeaseLost:
-            released.append(False)
-            continue
+
+    def give_back(job: Job) -> None:
         job.lease = None
         job.attempts = max(job.attempts - 1, 0)
         job.visible_at = now
         state.index.push_ready(job)
-        state.dirty = True
-        released.append(True)
-    return released
+
+    return _each_held(state, held, give_back)
 
 
 def expire(state: QueueState, now: float) -> int:
