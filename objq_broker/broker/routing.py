@@ -103,8 +103,8 @@ class BrokerRouting:
         """No route yet: nothing led, followed or committed directly."""
         self._closing = False
         self.bodies = BodyCache(self.store)
-        self._told_out_of_reach = ""  # the broker record last found out of reach (said once)
-        self._told_still_writing = ""  # ... found unreachable but writing (said once)
+        #: The broker record each warning was last given about: each is said once a record.
+        self._told: dict[str, str] = {}
         self._writes_when_lost: int | None = None  # the broker's writes when it was lost
         self._direct_until = float("-inf")  # commit directly until then (see _still_writing)
         self._retired: list[Engine] = []  # engines this process led with before
@@ -316,16 +316,16 @@ class BrokerRouting:
         baseline, self._writes_when_lost = self._writes_when_lost, writes
         if baseline is None or writes is None or writes <= baseline:
             return False
-        if record.id != self._told_still_writing:
-            self._told_still_writing = record.id
-            log.warning(
-                "%s: the broker at %s (epoch %d) is unreachable from here but still commits; "
-                "this process commits directly until it can reach it (check the network "
-                "between them, and that broker_advertise names an address this host reaches)",
-                self.store.url,
-                record.address,
-                record.epoch,
-            )
+        self._tell_once(
+            "still writing",
+            record,
+            "%s: the broker at %s (epoch %d) is unreachable from here but still commits; "
+            "this process commits directly until it can reach it (check the network "
+            "between them, and that broker_advertise names an address this host reaches)",
+            self.store.url,
+            record.address,
+            record.epoch,
+        )
         self._direct_until = time.monotonic() + self.settings.takeover_seconds
         self._unreachable_since = time.monotonic()
         return True
@@ -337,20 +337,27 @@ class BrokerRouting:
         and says once how to share one broker across hosts."""
         if not record.host or record.host == host_id() or not is_loopback(record.address):
             return False
-        if record.id != self._told_out_of_reach:
-            self._told_out_of_reach = record.id
-            log.warning(
-                "%s: the broker (epoch %d) serves only its own host's loopback (%s on %s); "
-                "this process commits directly. To share one broker across hosts, give the "
-                "processes that may serve broker_listen=0.0.0.0:PORT, broker_advertise=HOST:PORT "
-                "and the same broker_token (OBJQ_BROKER_LISTEN, OBJQ_BROKER_ADVERTISE, "
-                "OBJQ_BROKER_TOKEN)",
-                self.store.url,
-                record.epoch,
-                record.address,
-                record.host.split("/", 1)[0],
-            )
+        self._tell_once(
+            "out of reach",
+            record,
+            "%s: the broker (epoch %d) serves only its own host's loopback (%s on %s); "
+            "this process commits directly. To share one broker across hosts, give the "
+            "processes that may serve broker_listen=0.0.0.0:PORT, broker_advertise=HOST:PORT "
+            "and the same broker_token (OBJQ_BROKER_LISTEN, OBJQ_BROKER_ADVERTISE, "
+            "OBJQ_BROKER_TOKEN)",
+            self.store.url,
+            record.epoch,
+            record.address,
+            record.host.split("/", 1)[0],
+        )
         return True
+
+    def _tell_once(self, warning: str, record: BrokerRecord, message: str, *args: object) -> None:
+        """Log ``message`` as a warning, unless this ``warning`` was given about ``record``
+        last time: a state that lasts is said once, not at every operation."""
+        if self._told.get(warning) != record.id:
+            self._told[warning] = record.id
+            log.warning(message, *args)
 
     def _fixed_link(self) -> Target | None:
         address = self.settings.address or ""
