@@ -56,6 +56,26 @@ def interval_for(lease_seconds: float) -> float:
     return max(lease_seconds / 3.0, MIN_INTERVAL_SECONDS)
 
 
+def heartbeat_every(lease: float, every: float | None, where: str, names: tuple[str, str]) -> float:
+    """How often a holder extends leases of ``lease`` seconds: ``every``, or a third of the
+    lease. ``names`` are the two settings' names as the caller's user gives them (lease,
+    interval), for the error: a lease too short for a third of it to be a number of seconds
+    (a float's smallest, say) is refused as the lease, not as an interval nobody gave."""
+    lease_name, every_name = names
+    interval = every or lease / 3.0
+    if not interval > 0:
+        raise ConfigurationError(
+            f"{where}: {lease_name}: expected a lease long enough to extend every third of it, "
+            f"found {lease!r} s"
+        )
+    if interval >= lease:
+        raise ConfigurationError(
+            f"{where}: {every_name}: expected less than {lease_name} ({lease:g} s), "
+            f"found {interval:g}"
+        )
+    return interval
+
+
 class LeaseKeeper:
     """Extends, every ``interval_seconds``, the leases of everything its holders hold, in one
     operation on ``queue``.

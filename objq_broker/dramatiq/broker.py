@@ -18,6 +18,7 @@ from msgspec import Meta
 
 from objq_broker.builders import default_owner
 from objq_broker.consume import LeaseKeeper
+from objq_broker.consume.leases import heartbeat_every
 from objq_broker.dramatiq.consumer import ObjqConsumer, connection_errors
 from objq_broker.errors import ConfigurationError
 from objq_broker.model.checks import (
@@ -141,12 +142,12 @@ class ObjqBroker(dramatiq.Broker):
             where="ObjqBroker",
             lax=True,
         )
-        heartbeat = settings.heartbeat_seconds or settings.lease_seconds / 3.0
-        if heartbeat >= settings.lease_seconds:
-            raise ConfigurationError(
-                f"ObjqBroker: heartbeat_seconds: expected less than lease_seconds "
-                f"({settings.lease_seconds:g}), found {heartbeat:g}"
-            )
+        heartbeat = heartbeat_every(
+            settings.lease_seconds,
+            settings.heartbeat_seconds,
+            "ObjqBroker",
+            ("lease_seconds", "heartbeat_seconds"),
+        )
         if queue is None:
             options.setdefault("owner", default_owner("dramatiq"))  # shown by objq workers
             queue = Queue(url, store=store, **options)

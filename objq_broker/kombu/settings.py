@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from objq_broker.consume.leases import heartbeat_every
 from objq_broker.engine.options import ENGINE_OPTIONS, URL_ENV
 from objq_broker.errors import ConfigurationError, redacted
 from objq_broker.kombu.routing import DEFAULT_TABLE_TTL_SECONDS
@@ -127,12 +128,12 @@ class TransportSettings:
         own = {k: v for k, v in options.items() if k in OWN_OPTIONS and v is not None}
         read = read_settings(TransportOptions, own, where="objq transport", lax=True)
         url = _storage_url(hostname, read.url)
-        heartbeat = read.heartbeat_interval or read.visibility_timeout / 3.0
-        if heartbeat >= read.visibility_timeout:
-            raise ConfigurationError(
-                f"objq transport: heartbeat_interval must be shorter than visibility_timeout "
-                f"({read.visibility_timeout} s), found {heartbeat}"
-            )
+        heartbeat = heartbeat_every(
+            read.visibility_timeout,
+            read.heartbeat_interval,
+            "objq transport",
+            ("visibility_timeout", "heartbeat_interval"),
+        )
         if not isinstance(read.store_options, Mapping):
             raise ConfigurationError(
                 f"objq transport: store_options must be a dict of storage adapter options, "

@@ -421,6 +421,8 @@ def test_dramatiq_message_options_travel_in_the_payload_only(
     ),
     value=ODD_VALUES,
 )
+# A lease so short that a third of it is no number of seconds: refused as the lease.
+@example(option="lease_seconds", value=5e-324)
 def test_dramatiq_broker_settings_are_checked_when_it_is_built(option: str, value: Any) -> None:
     url = f"memory://entry-points-settings-{next(_names)}"
     try:
@@ -595,6 +597,7 @@ def test_kombu_queue_expiry_is_checked_when_the_queue_is_declared(
     ),
     value=ODD_VALUES,
 )
+@example(option="visibility_timeout", value=5e-324)  # (as for the Dramatiq broker)
 def test_kombu_transport_options_are_checked_when_connecting(option: str, value: Any) -> None:
     url = f"objq+memory://entry-points-options-{next(_names)}"
     with kombu.Connection(url, transport_options={option: value}) as connection:
