@@ -11,7 +11,7 @@ command says which check failed and exits 1. The URL comes as an argument or as 
 from __future__ import annotations
 
 from objq_broker.cli.context import Context
-from objq_broker.cli.output import UsageError, printable, table
+from objq_broker.cli.output import UsageError, counted, printable, table
 from objq_broker.storage.probe import ProbeReport, probe_store
 
 
@@ -40,7 +40,8 @@ def _text(report: ProbeReport) -> str:
     )
     return "\n".join(
         [
-            f"{printable(report.url)}: {len(report.checks)} checks, {report.requests} requests",
+            f"{printable(report.url)}: {counted(len(report.checks), 'check')}, "
+            f"{counted(report.requests, 'request')}",
             table(["result", "check", "seen"], rows),
             f"{'ok' if report.passed else 'FAILED'}: {verdict}",
         ]

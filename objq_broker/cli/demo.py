@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from objq_broker.cli.output import counted
 from objq_broker.queue import Delivery, Queue
 
 if TYPE_CHECKING:
@@ -74,9 +75,13 @@ def _payloads(jobs: int) -> dict[str, list[bytes]]:
     }
 
 
+def _note(counts: Counts) -> str:
+    return f"{counts.retries:,} retried, {counts.dead:,} dead"
+
+
 def run(url: str, jobs: int, workers: int, *, progress: bool = True) -> dict[str, Any]:
     """Enqueue and drain the demo jobs on ``url``; returns what happened."""
-    from objq_broker.cli.output import Progress
+    from objq_broker.cli.output import progress as bar
 
     kinds = _payloads(jobs)
     total = sum(len(p) for p in kinds.values())
@@ -110,15 +115,11 @@ def run(url: str, jobs: int, workers: int, *, progress: bool = True) -> dict[str
         ]
         for thread in threads:
             thread.start()
-        bar = Progress(total, f"{workers} workers", enabled=None if progress else False)
-        while counts.done + counts.dead < total:
-            bar.update(
-                counts.done + counts.dead,
-                f"{counts.retries} retried, {counts.dead} dead",
-            )
-            time.sleep(0.05)
-        bar.update(total, f"{counts.retries} retried, {counts.dead} dead")
-        bar.close()
+        with bar(total, counted(workers, "worker"), enabled=progress) as advance:
+            while counts.done + counts.dead < total:
+                advance(counts.done + counts.dead, _note(counts))
+                time.sleep(0.05)
+            advance(total, _note(counts))
         stop.set()
         for thread in threads:
             thread.join()
@@ -142,7 +143,8 @@ def run(url: str, jobs: int, workers: int, *, progress: bool = True) -> dict[str
 def throughput_line(result: dict[str, Any]) -> str:
     return (
         f"{result['jobs']:,} jobs in {result['seconds']:.1f} s: "
-        f"{result['jobs_per_second']:,.0f} jobs/s with {result['workers']} worker threads, "
+        f"{result['jobs_per_second']:,.0f} jobs/s with "
+        f"{counted(result['workers'], 'worker thread')}, "
         f"{result['state_writes']:,} state writes for {result['operations']:,} operations"
     )
 

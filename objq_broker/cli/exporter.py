@@ -15,7 +15,6 @@ already serve (the exporter range 9100-9999 of Prometheus's port list is fully a
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import threading
@@ -34,12 +33,12 @@ _PROMETHEUS_MODULE = "prometheus_client"
 
 
 def listen_address(text: str) -> tuple[str, int]:
-    """``(host, port)`` from ``HOST:PORT`` or ``[IPv6]:PORT``; an argparse type."""
+    """``(host, port)`` from ``HOST:PORT`` or ``[IPv6]:PORT``; ``ValueError`` if it is not."""
     host, _, port = text.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not host or not port.isdigit() or int(port) > 65535:
-        raise argparse.ArgumentTypeError(
+        raise ValueError(
             f"expected HOST:PORT (127.0.0.1:7701, 0.0.0.0:7701, [::1]:7701), found {text!r}"
         )
     return host, int(port)

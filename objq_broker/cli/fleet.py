@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from objq_broker.cli.context import Context
-from objq_broker.cli.output import printable, table
+from objq_broker.cli.output import counted, printable, table
 from objq_broker.model.shown import age
 
 #: List prices in dollars per 1,000 requests: (writes, reads).
@@ -130,7 +130,7 @@ def _cost_text(report: dict[str, Any]) -> str:
         f"{report['state_writes_per_second']:.3g} state writes/s measured over "
         f"{report['measured_seconds']:g} s"
         + ("" if budget is None else f" (budget: {budget:g}/s)")
-        + f"; {report['readers']} readers each reading every new state"
+        + f"; {counted(report['readers'], 'reader')} each reading every new state"
     )
     rows = [
         [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from objq_broker.cli.context import Context
 from objq_broker.cli.inspect import parse_duration
-from objq_broker.cli.output import confirm, table
+from objq_broker.cli.output import confirm, counted, table
 from objq_broker.engine.garbage import (
     DEFAULT_OLDER_THAN_SECONDS,
     KINDS,
@@ -44,13 +44,13 @@ def _text(found: Collection) -> str:
     total = found.total
     verb = "would delete" if found.dry_run else "deleted"
     head = (
-        f"{verb} {total.objects} unreferenced objects ({size(total.bytes)}) "
+        f"{verb} {counted(total.objects, 'unreferenced object')} ({size(total.bytes)}) "
         f"written over {age(found.older_than_seconds)} ago"
     )
     if found.lock_files:
-        head += f", and {found.lock_files} lock files of deleted keys"
+        head += f", and {counted(found.lock_files, 'lock file')} of deleted keys"
     if found.failed:
-        head += f"; {found.failed} deletes failed (tried again next time)"
+        head += f"; {counted(found.failed, 'delete')} failed (tried again next time)"
     rows = [
         (
             kind,

@@ -14,7 +14,7 @@ from objq_broker import builders
 from objq_broker.cli import cmdjob
 from objq_broker.cli.context import Context
 from objq_broker.cli.inspect import config_dict, parse_duration
-from objq_broker.cli.output import Cancelled, Progress, UsageError, confirm
+from objq_broker.cli.output import Cancelled, UsageError, confirm, counted, progress
 from objq_broker.queue import Queue
 from objq_broker.typed.schema import PayloadInvalid, Schema
 
@@ -131,26 +131,28 @@ def cmd_enqueue(ctx: Context) -> int:
     groups = None if a.group_field is None else _groups(payloads, a.group_field, a.jsonl)
     ctx.snapshot(create=True)
     queue = ctx.queue(create=True)
-    bar = Progress(len(payloads), f"enqueue {a.queue}", enabled=None if not ctx.json else False)
     ids: list[str] = []
     try:
-        for start in range(0, len(payloads), a.batch):
-            chunk = slice(start, start + a.batch)
-            ids += _enqueue_chunk(
-                queue, a.queue, payloads[chunk], None if groups is None else groups[chunk], options
-            )
-            bar.update(len(ids))
+        with progress(len(payloads), f"enqueue {a.queue}", enabled=not ctx.json) as advance:
+            for start in range(0, len(payloads), a.batch):
+                chunk = slice(start, start + a.batch)
+                ids += _enqueue_chunk(
+                    queue,
+                    a.queue,
+                    payloads[chunk],
+                    None if groups is None else groups[chunk],
+                    options,
+                )
+                advance(len(ids), "")
     except KeyboardInterrupt:
         raise Cancelled(
-            f"interrupted: {len(ids)} of {len(payloads)} jobs were enqueued to {a.queue!r}, "
-            "the rest were not"
+            f"interrupted: {len(ids)} of {counted(len(payloads), 'job')} were enqueued to "
+            f"{a.queue!r}, the rest were not"
         ) from None
-    finally:
-        bar.close()
     commits = -(-len(payloads) // a.batch)
     ctx.emit(
         {"queue": a.queue, "enqueued": len(ids), "ids": ids},
-        f"enqueued {len(ids):,} jobs to {a.queue!r} in {commits} commits",
+        f"enqueued {counted(len(ids), 'job')} to {a.queue!r} in {counted(commits, 'commit')}",
     )
     return 0
 
@@ -279,7 +281,7 @@ def cmd_dead_retry(ctx: Context) -> int:
     retried = ctx.queue().retry_dead(ctx.args.queue, ids)
     ctx.emit(
         {"queue": ctx.args.queue, "retried": retried},
-        f"queue {ctx.args.queue!r}: {len(retried)} dead letters back in the queue",
+        f"queue {ctx.args.queue!r}: {counted(len(retried), 'dead letter')} back in the queue",
     )
     return 0
 
@@ -288,11 +290,14 @@ def cmd_dead_purge(ctx: Context) -> int:
     ids = _chosen_ids(ctx, "purge")
     snap = ctx.snapshot()
     count = len(snap.dead_letters(ctx.args.queue)) if ids is None else len(ids)
-    confirm(f"delete {count} dead letters of queue {ctx.args.queue!r} for good?", yes=ctx.yes)
+    confirm(
+        f"delete {counted(count, 'dead letter')} of queue {ctx.args.queue!r} for good?",
+        yes=ctx.yes,
+    )
     purged = ctx.queue().purge_dead(ctx.args.queue, ids)
     ctx.emit(
         {"queue": ctx.args.queue, "purged": purged},
-        f"queue {ctx.args.queue!r}: {purged} dead letters deleted",
+        f"queue {ctx.args.queue!r}: {counted(purged, 'dead letter')} deleted",
     )
     return 0
 
@@ -302,13 +307,15 @@ def cmd_purge(ctx: Context) -> int:
     stats = snap.stats(ctx.args.queue)
     count = stats.ready + stats.delayed
     confirm(
-        f"delete the {count} ready and delayed jobs of queue {ctx.args.queue!r} for good?",
+        f"delete the {counted(count, 'ready and delayed job')} of queue {ctx.args.queue!r} "
+        "for good?",
         yes=ctx.yes,
     )
     purged = ctx.queue().purge(ctx.args.queue)
     ctx.emit(
         {"queue": ctx.args.queue, "purged": purged},
-        f"queue {ctx.args.queue!r}: {purged} jobs deleted (jobs in flight finish normally)",
+        f"queue {ctx.args.queue!r}: {counted(purged, 'job')} deleted (jobs in flight finish "
+        "normally)",
     )
     return 0
 
@@ -318,15 +325,15 @@ def cmd_queue_delete(ctx: Context) -> int:
     stats = ctx.snapshot().stats(name)  # an unknown queue stops here, with its one-line error
     jobs = stats.ready + stats.delayed + stats.in_flight + stats.dead
     confirm(
-        f"delete queue {name!r}, its settings and its {jobs} jobs ({stats.in_flight} in flight, "
-        f"{stats.dead} dead) for good?",
+        f"delete queue {name!r}, its settings and its {counted(jobs, 'job')} "
+        f"({stats.in_flight} in flight, {stats.dead} dead) for good?",
         yes=ctx.yes,
     )
     deleted = ctx.queue().delete_queue(name)
     ctx.emit(
         {"queue": name, "deleted_jobs": deleted},
-        f"queue {name!r} deleted with {deleted} jobs (a worker still holding one of them gets "
-        "LeaseLost when it settles it)",
+        f"queue {name!r} deleted with {counted(deleted, 'job')} (a worker still holding one "
+        "of them gets LeaseLost when it settles it)",
     )
     return 0
 
@@ -334,7 +341,11 @@ def cmd_queue_delete(ctx: Context) -> int:
 def cmd_requeue_stale(ctx: Context) -> int:
     ctx.snapshot()
     count = ctx.queue().expire()
-    ctx.emit({"requeued": count}, f"{count} jobs whose lease had expired are back in their queue")
+    ctx.emit(
+        {"requeued": count},
+        f"{counted(count, 'job')} whose lease had expired "
+        + ("is back in its queue" if count == 1 else "are back in their queues"),
+    )
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from objq_broker.cli.context import Context, open_existing
 from objq_broker.cli.inspect import parse_duration
-from objq_broker.cli.output import confirm
+from objq_broker.cli.output import confirm, counted
 from objq_broker.results.store import ResultStore
 
 
@@ -27,6 +27,6 @@ def cmd_results_purge(ctx: Context) -> int:
         store.close()
     ctx.emit(
         {"deleted": deleted, "prefix": a.prefix},
-        f"{deleted} results deleted under {a.prefix}",
+        f"{counted(deleted, 'result')} deleted under {a.prefix}",
     )
     return 0

@@ -34,7 +34,13 @@ from objq_broker.builders import default_owner
 from objq_broker.cli import cmdjob
 from objq_broker.cli.context import Context
 from objq_broker.cli.inspect import parse_duration
-from objq_broker.cli.output import EscapingFormatter, UsageError, print_json, printable
+from objq_broker.cli.output import (
+    EscapingFormatter,
+    UsageError,
+    counted,
+    print_json,
+    printable,
+)
 from objq_broker.cli.redact import Redactor
 from objq_broker.cli.stopping import DEFAULT_GRACE_SECONDS, Shutdown
 from objq_broker.consume import LeaseKeeper, interval_for
@@ -266,7 +272,7 @@ class CommandWorker:
         elif event["event"] == "started":
             message = f"job {event['id']} attempt {event['attempt']}: started"
         else:
-            message = f"gave back {len(event['ids'])} prefetched jobs"
+            message = f"gave back {counted(len(event['ids']), 'prefetched job')}"
         # One write (runners print at once), escaped: ids and errors come from the store.
         sys.stderr.write(f"objq worker: {printable(message)}\n")
         sys.stderr.flush()

@@ -239,7 +239,7 @@ def test_demo_help_names_its_own_default(objq: Objq) -> None:
     # The demo empties its queue, so it never uses $OBJQ_URL; its help must not promise it
     helped = objq("demo", "--help", url=None)
     assert helped.code == 0, helped.stderr
-    text = " ".join(helped.stdout.split())  # argparse wraps the help text
+    text = " ".join(helped.stdout.split())  # click wraps the help text
     assert "--url URL store URL (default: ./objq-data;" in text
     assert "default: $OBJQ_URL" not in text
 
@@ -288,7 +288,7 @@ def test_results_purge_deletes_expired_results_then_old_ones_when_told(
     refused = objq("results", "purge", "--older-than", "0s", url=cli_url, tty_answer="n")
     assert refused.code != 0 and results.names() == ["kept"]
     done = objq("results", "purge", "--older-than", "0s", "-y", url=cli_url)
-    assert done.code == 0 and "1 results deleted" in done.stdout
+    assert done.code == 0 and "1 result deleted" in done.stdout
     assert results.names() == []
 
 
