@@ -12,16 +12,22 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import click
+
+from objq_broker.cli.commands import command, objq, remember
+from objq_broker.cli.context import Context
 from objq_broker.cli.output import counted
+from objq_broker.cli.values import MAX_DEMO_JOBS, MAX_THREADS, whole
 from objq_broker.queue import Delivery, Queue
-
-if TYPE_CHECKING:
-    from objq_broker.cli.context import Context
 
 #: Where the demo keeps its queue when no URL is given: a folder in the working directory.
 DEFAULT_DEMO_URL = "file://objq-data"
+DEMO_URL_HELP = (
+    "store URL (default: ./objq-data; $OBJQ_URL is not used, so the demo never empties a real "
+    "queue by accident)"
+)
 DEMO_QUEUE = "demo"
 DEFAULT_JOBS = 3000
 DEFAULT_WORKERS = 4
@@ -149,6 +155,11 @@ def throughput_line(result: dict[str, Any]) -> str:
     )
 
 
+@command(objq, "demo", "a few thousand jobs, start to end")
+@click.option("--jobs", type=whole(1, MAX_DEMO_JOBS), default=DEFAULT_JOBS)
+@click.option("--workers", type=whole(1, MAX_THREADS), default=DEFAULT_WORKERS)
+# Its own --url: it empties its queue before it starts, so it never reads $OBJQ_URL.
+@click.option("--url", metavar="URL", help=DEMO_URL_HELP, expose_value=False, callback=remember)
 def cmd_demo(ctx: Context) -> int:
     from objq_broker.cli.inspect import status_dict, status_text
     from objq_broker.engine.snapshot import Snapshot

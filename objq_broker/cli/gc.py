@@ -9,9 +9,13 @@ that long.
 
 from __future__ import annotations
 
+import click
+
+from objq_broker.cli.commands import command, objq
 from objq_broker.cli.context import Context
 from objq_broker.cli.inspect import parse_duration
 from objq_broker.cli.output import confirm, counted, table
+from objq_broker.cli.values import DURATION
 from objq_broker.engine.garbage import (
     DEFAULT_OLDER_THAN_SECONDS,
     KINDS,
@@ -21,6 +25,14 @@ from objq_broker.engine.garbage import (
 from objq_broker.model.shown import age, size
 
 
+@command(objq, "gc", "delete objects no state refers to")
+@click.option(
+    "--older-than",
+    type=DURATION,
+    metavar="AGE",
+    help="only those written longer ago (1h; less asks first)",
+)
+@click.option("--dry-run", is_flag=True, help="say what would go; delete nothing")
 def cmd_gc(ctx: Context) -> int:
     a = ctx.args
     older_than = (

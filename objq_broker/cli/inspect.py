@@ -9,16 +9,22 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import click
 import msgspec
 
+from objq_broker.cli.commands import archive, command, config, dead, jobs, objq
 from objq_broker.cli.context import Context
 from objq_broker.cli.output import UsageError, counted, print_json, printable, table
 from objq_broker.cli.render import job_dict, payload_fields, payload_preview
+from objq_broker.cli.values import DURATION, MOMENT, whole
 from objq_broker.engine.snapshot import ACTIVE_CLIENT_SECONDS, Snapshot
 from objq_broker.errors import JobNotFound
 from objq_broker.model import durations
 from objq_broker.model.records import Job, QueueConfig
 from objq_broker.model.shown import age, size, when
+
+#: What ``jobs list --state`` may name.
+JOB_STATES = ["ready", "delayed", "in-flight", "dead"]
 
 
 def parse_duration(text: str) -> float:
@@ -172,6 +178,15 @@ def _busiest_text(queue: dict[str, Any]) -> str:
     return f"\nbusiest groups of {printable(queue['queue'])}: {busiest}"
 
 
+@command(objq, "status", "a table of every queue")
+@click.option(
+    "--watch",
+    type=DURATION,
+    is_flag=False,
+    flag_value="2s",
+    metavar="EVERY",
+    help="refresh every EVERY (2s)",
+)
 def cmd_status(ctx: Context) -> int:
     watch = ctx.args.watch
     if watch is None:
@@ -194,6 +209,10 @@ def cmd_status(ctx: Context) -> int:
 # --- jobs ------------------------------------------------------------------------------------
 
 
+@command(jobs, "list", "jobs of a queue, in claim order")
+@click.argument("queue")
+@click.option("--state", type=click.Choice(JOB_STATES))
+@click.option("--limit", type=whole(), default=100, help="at most this many (100)")
 def cmd_jobs_list(ctx: Context) -> int:
     snap = ctx.snapshot()
     found = snap.jobs(ctx.args.queue, ctx.args.state, ctx.args.limit)
@@ -229,6 +248,8 @@ def jobs_table(rows: Sequence[tuple[str, Job]], now: float) -> str:
     )
 
 
+@command(jobs, "show", "one job, payload included")
+@click.argument("id")
 def cmd_jobs_show(ctx: Context) -> int:
     snap = ctx.snapshot()
     found = snap.find(ctx.args.id)
@@ -248,6 +269,8 @@ def cmd_jobs_show(ctx: Context) -> int:
     return 0
 
 
+@command(dead, "list", "dead letters of a queue")
+@click.argument("queue")
 def cmd_dead_list(ctx: Context) -> int:
     ctx.args.state = "dead"
     ctx.args.limit = None
@@ -257,6 +280,8 @@ def cmd_dead_list(ctx: Context) -> int:
 # --- config ----------------------------------------------------------------------------------
 
 
+@command(config, "show", "settings of one queue or all")
+@click.argument("queue", required=False)
 def cmd_config_show(ctx: Context) -> int:
     snap = ctx.snapshot()
     names = [ctx.args.queue] if ctx.args.queue else snap.queue_names()
@@ -293,6 +318,9 @@ def _range(ctx: Context) -> tuple[float | None, float | None]:
     return since, until
 
 
+@command(archive, "list", "archive objects in a time range")
+@click.option("--since", type=MOMENT, metavar="TIME", help="ISO 8601, Unix seconds or an age (2h)")
+@click.option("--until", type=MOMENT, metavar="TIME")
 def cmd_archive_list(ctx: Context) -> int:
     """The archive objects of a range, then the tail the state keeps when any of its records
     finished in the range (``engine.archive``), named by the state's key, with its count."""
@@ -338,6 +366,10 @@ def cmd_archive_list(ctx: Context) -> int:
     return 0
 
 
+@command(archive, "cat", "archived jobs in a time range, as JSON lines")
+@click.option("--since", type=MOMENT, metavar="TIME", help="ISO 8601, Unix seconds or an age (2h)")
+@click.option("--until", type=MOMENT, metavar="TIME")
+@click.option("--queue")
 def cmd_archive_cat(ctx: Context) -> int:
     """Archive records as JSON lines (``--json`` or not: they are records, not a report)."""
     from objq_broker.engine.archive import iter_archive

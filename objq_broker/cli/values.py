@@ -1,7 +1,8 @@
 """The kinds of option value the ``objq`` command line checks that click does not know: each
 reads the text given, or raises ``ValueError`` saying what was expected and what was found, so a
 value the store or the queue API would refuse is refused while the command line is parsed, with
-the option it was given to. Whole numbers are click's own ``IntRange``."""
+the option it was given to; whole numbers are click's own ``IntRange``. Also the limits and the
+queue settings the options take."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from typing import Any
 import click
 import msgspec
 
-from objq_broker.cli import operate
 from objq_broker.errors import ConfigurationError
 from objq_broker.model import durations
 from objq_broker.model.checks import MAX_SECONDS, MAX_WRITE_RATE
@@ -22,12 +22,30 @@ from objq_broker.model.settings import from_texts
 
 #: Times ``--since`` and ``--until`` may name (UTC): what the archive's dated keys can write.
 TIME_RANGE = (datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC))
+#: Settings of ``config set`` and ``declare``: the short name and the stored field.
+SETTINGS = {
+    "max-attempts": "max_attempts",
+    "backoff-base": "backoff_base_seconds",
+    "backoff-cap": "backoff_cap_seconds",
+    "lease": "lease_seconds",
+    "dead-ttl": "dead_ttl_seconds",
+    "idempotency": "idempotency_seconds",
+    "expires": "expires_seconds",
+    "group-concurrency": "group_concurrency",
+    "fairness": "fairness",
+}
+#: What an on/off setting (``fairness``) may be given as.
+FLAGS = {"on": True, "true": True, "yes": True, "off": False, "false": False, "no": False}
 #: Queue settings that are durations (the others are counts), by their option names.
 DURATION_SETTINGS = frozenset(
-    name
-    for name in operate.SETTINGS
-    if name not in ("max-attempts", "group-concurrency", "fairness")
+    name for name in SETTINGS if name not in ("max-attempts", "group-concurrency", "fairness")
 )
+#: Commands one ``objq worker`` runs at once, and ``objq demo`` worker threads, at most: each
+#: is a thread (more workers scale further).
+MAX_THREADS = 1024
+#: Most jobs ``objq demo`` enqueues: they all live in one state object (100,000 job records
+#: are about 28 MB of JSON, rewritten by every commit).
+MAX_DEMO_JOBS = 100_000
 
 
 class Checked(click.ParamType[Any, Any]):
@@ -49,6 +67,13 @@ class Checked(click.ParamType[Any, Any]):
             return self._read(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+
+
+def whole(low: int = 1, high: int | None = None) -> click.IntRange:
+    """A whole number from ``low`` to ``high`` (no limit if None)."""
+    number = click.IntRange(low, high)
+    number.name = "whole number"  # its refusal reads "'1.5' is not a valid whole number"
+    return number
 
 
 def setting(struct: type[msgspec.Struct], name: str) -> Checked:
@@ -128,6 +153,18 @@ def moment(text: str) -> str:
     return text
 
 
+def listen_address(text: str) -> tuple[str, int]:
+    """``(host, port)`` from ``HOST:PORT`` or ``[IPv6]:PORT``."""
+    host, _, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(
+            f"expected HOST:PORT (127.0.0.1:7701, 0.0.0.0:7701, [::1]:7701), found {text!r}"
+        )
+    return host, int(port)
+
+
 def utf8_text(text: str) -> str:
     """Text UTF-8 can write. An argument whose bytes are not UTF-8 arrives with lone
     surrogates, which no stored JSON document can hold."""
@@ -142,7 +179,7 @@ def checked_setting(ctx: click.Context, param: click.Parameter, value: str) -> s
     """``config set``'s VALUE, checked as a duration when KEY (parsed just before it) names
     one, so that a refusal names the setting. Other keys are left to the command."""
     key = str(ctx.params.get("key", ""))
-    stored = {field: name for name, field in operate.SETTINGS.items()}
+    stored = {field: name for name, field in SETTINGS.items()}
     name = stored.get(key) or key.replace("_", "-")
     if name in DURATION_SETTINGS:
         try:
@@ -167,4 +204,6 @@ UTF8 = Checked("text", utf8_text)
 PRICE = Checked("usd", price)
 RATE = Checked("rate", rate)
 #: On or off (true/false, yes/no), as the ``fairness`` setting takes it.
-FLAG = click.Choice(list(operate.FLAGS), case_sensitive=False)
+FLAG = click.Choice(list(FLAGS), case_sensitive=False)
+#: Where to serve.
+LISTEN = Checked("host:port", listen_address)

@@ -37,9 +37,7 @@ from hypothesis import strategies as st
 import objq_broker.kombu  # noqa: F401  (registers the objq transport)
 from objq_broker import ConfigurationError, Queue
 from objq_broker.cli import main
-from objq_broker.cli.commands import MAX_DEMO_JOBS, MAX_THREADS
-from objq_broker.cli.operate import FLAGS, SETTINGS
-from objq_broker.cli.values import TIME_RANGE
+from objq_broker.cli.values import FLAGS, MAX_DEMO_JOBS, MAX_THREADS, SETTINGS, TIME_RANGE
 from objq_broker.dramatiq import ObjqBroker
 from objq_broker.model.checks import MAX_ATTEMPTS, MAX_CLAIM, MAX_SECONDS, PRIORITY_RANGE
 from objq_broker.model.durations import parse_duration, parse_time
@@ -323,6 +321,11 @@ def test_every_option_is_checked_as_it_is_parsed(
     except click.BadParameter as exc:
         assert isinstance(exc.param, click.Option), exc
         assert f"--{name}" in exc.param.opts, (name, exc.format_message())
+        return
+    except click.NoSuchOption:
+        # click reads a value that starts with "-" given to an option whose value is optional
+        # (--watch [EVERY]) as options of its own; refused all the same, with exit status 2.
+        assert name == "watch" and value.startswith("-"), (name, value)
         return
     parsed = params[name.replace("-", "_")]
     assert accepted(parsed), f"--{name}={value!r} was accepted as {parsed!r}"
