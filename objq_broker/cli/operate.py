@@ -43,6 +43,8 @@ from objq_broker.typed.schema import PayloadInvalid, Schema
 
 #: Jobs per commit of a bulk enqueue (each batch is all-or-none).
 DEFAULT_ENQUEUE_BATCH = 1000
+#: A file of payloads, one a line, checked before the store is opened; '-' is stdin.
+PAYLOADS = click.Path(exists=True, dir_okay=False, readable=True, allow_dash=True)
 
 
 def settings_options(handler: Handler) -> Handler:
@@ -145,8 +147,8 @@ def _enqueue_options(ctx: Context) -> dict[str, Any]:
 @command(objq, "enqueue", "add jobs: one (PAYLOAD, as text), or a file's")
 @click.argument("queue")
 @click.argument("payload", required=False, type=UTF8)
-@click.option("--file", metavar="F", help="one payload per line of F ('-': stdin)")
-@click.option("--jsonl", metavar="F", help="one JSON document per line of F")
+@click.option("--file", type=PAYLOADS, metavar="F", help="one payload per line of F ('-': stdin)")
+@click.option("--jsonl", type=PAYLOADS, metavar="F", help="one JSON document per line of F")
 @click.option(
     "--schema",
     metavar="MODULE:TYPE",

@@ -69,7 +69,7 @@ def test_corrupt_state_is_reported_and_never_overwritten(objq: Objq, file_url: s
         (["jobs", "show", "abc"], 1, ["job 'abc'", "objq archive cat"]),
         (["enqueue", "q", "x", "--delay", "soon"], 2, ["duration", "'soon'"]),
         (["enqueue", "q"], 2, ["exactly one of PAYLOAD, --file F or --jsonl F"]),
-        (["enqueue", "q", "--file", "/nonexistent.txt"], 2, ["cannot read '/nonexistent.txt'"]),
+        (["enqueue", "q", "--file", "/nonexistent.txt"], 2, ["--file", "'/nonexistent.txt'"]),
         (["enqueue-cmd", "q", "echo", "hi"], 2, ["QUEUE [options] -- COMMAND"]),
         (["config", "set", "q", "colour", "red"], 2, ["setting 'colour'", "max-attempts"]),
         (["config", "set", "q", "max-attempts", "0"], 2, ["max_attempts: expected int >= 1"]),
