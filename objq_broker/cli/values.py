@@ -69,11 +69,19 @@ class Checked(click.ParamType[Any, Any]):
             self.fail(str(exc), param, ctx)
 
 
-def whole(low: int = 1, high: int | None = None) -> click.IntRange:
+class Whole(click.IntRange):
+    """A whole number in a range, named so in refusals ("'1.5' is not a valid whole number")
+    and shown as ``N`` in the help."""
+
+    name = "whole number"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "N"
+
+
+def whole(low: int = 1, high: int | None = None) -> Whole:
     """A whole number from ``low`` to ``high`` (no limit if None)."""
-    number = click.IntRange(low, high)
-    number.name = "whole number"  # its refusal reads "'1.5' is not a valid whole number"
-    return number
+    return Whole(low, high)
 
 
 def setting(struct: type[msgspec.Struct], name: str) -> Checked:
