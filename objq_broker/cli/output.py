@@ -21,22 +21,14 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TextIO
-
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.progress import Progress as Bar
-from rich.prompt import Prompt
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, TextIO
 
 from objq_broker.errors import redacted
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# rich is imported where it draws: a command that prints JSON, or one line, never loads it.
 
 #: Width of what is written to a file or a pipe: a table is as wide as its rows, never wrapped
 #: (a program reading it reads one row per line).
@@ -95,6 +87,8 @@ def console(stream: TextIO) -> Console:
     """A rich console on ``stream`` that adds nothing of its own to what it shows: no
     highlighting of numbers or URLs, no markup, no emoji codes. Off a terminal, nothing is
     wrapped and nothing styled."""
+    from rich.console import Console
+
     terminal = stream.isatty()
     return Console(
         file=stream,
@@ -108,6 +102,9 @@ def console(stream: TextIO) -> Console:
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """An aligned table as text for stdout; numbers are right-aligned, headers bold on a
     terminal."""
+    from rich.table import Table
+    from rich.text import Text
+
     grid = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
     for i, header in enumerate(headers):
         numeric = bool(rows) and all(
@@ -153,6 +150,9 @@ def confirm(question: str, *, yes: bool, stdin: TextIO | None = None) -> None:
             f"{question.rstrip('?')}: confirmation needed, but stdin is not a terminal; "
             "pass --yes to confirm"
         )
+    from rich.prompt import Prompt
+    from rich.text import Text
+
     try:
         answer = Prompt.ask(
             Text(f"{printable(question)} [y/N]"),
@@ -176,6 +176,15 @@ def progress(total: int, label: str, *, enabled: bool) -> Iterator[Callable[[int
     >>> with progress(100, "enqueue", enabled=False) as advance:
     ...     advance(50, "half way")
     """
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.progress import Progress as Bar
+
     out = console(sys.stderr)
     bar = Bar(
         TextColumn("{task.description}", markup=False),
