@@ -19,7 +19,6 @@ import pytest
 from objq_broker import ConfigurationError, Queue
 from objq_broker.broker.settings import BrokerOptions, broker_settings
 from objq_broker.builders import default_owner
-from objq_broker.cli.parser import build_parser
 from objq_broker.core import QueueOptions
 from objq_broker.dashboard.settings import DashboardSettings, token_from
 from objq_broker.dramatiq.broker import DramatiqSettings, ObjqBroker
@@ -36,6 +35,7 @@ from objq_broker.model.settings import defaults, env_names, option_names, text_n
 from objq_broker.results.celery.settings import BackendSettings, backend_settings
 from objq_broker.storage import url as storage_url
 from objq_broker.storage.url import StoreOptions
+from tests.cli.objq_cli import parse_command
 
 ROOT = Path(__file__).resolve().parent.parent
 _names = itertools.count()
@@ -212,8 +212,7 @@ def test_every_setting_works_every_way_its_component_takes_it(
     assert value != defaults(struct)[name], "a sample must differ from the default"
     if way == "cli":
         argv, attribute = CLI[(struct, name)]
-        parsed = build_parser().parse_command([*argv, str(text)])
-        assert getattr(parsed, attribute) == value
+        assert parse_command([*argv, str(text)])[attribute] == value
         return
     if way == "environment":
         assert text is not None

@@ -9,20 +9,16 @@ URL, bad input). Errors are one line on stderr; ``--debug`` adds the traceback. 
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import traceback
 
-from objq_broker.errors import ConfigurationError, ObjqError, missing_extra, redacted
+import click
+
+from objq_broker.errors import ConfigurationError, ObjqError, redacted
 
 #: Exit statuses.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
-#: Global options that take a value (needed to find the command word before parsing).
-_VALUED_GLOBALS = ("--url",)
-#: Top-level modules of the spark extra (pyspark[sql] brings pyarrow and pandas), which
-#: ``objq report`` needs.
-_SPARK_MODULES = frozenset({"pyspark", "py4j", "pyarrow", "pandas", "matplotlib"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in args_in
     try:
         return _run(args_in)
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2), already printed
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except click.exceptions.Exit as exc:  # --help or --version, already printed
+        return exc.exit_code
     except BrokenPipeError:  # `objq archive cat | head`: the reader has what it wanted
         _silence_stdout()
         return EXIT_OK
@@ -41,72 +37,29 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    from objq_broker.cli.context import Context
-    from objq_broker.cli.output import UsageError
-    from objq_broker.cli.parser import build_parser
+    from objq_broker.cli.commands import Globals, build
 
-    command, at = _command_word(argv)
-    tail: list[str] = []
-    if command == "report":
-        argv, tail = argv[: at + 1], argv[at + 1 :]
-    elif command == "enqueue-cmd":
-        if "--" not in argv:
-            raise UsageError("enqueue-cmd: expected QUEUE [options] -- COMMAND [ARGS...]")
-        split = argv.index("--")
-        argv, tail = argv[:split], argv[split + 1 :]
-    args = build_parser().parse_command(argv)
-    args.argv = tail
-    if command == "report":
-        return _report_command(args.__dict__.get("url"), tail)
-    context = Context(args)
-    try:
-        status: int = args.handler(context)
-        return status
-    finally:
-        context.close()
+    objq = build()
+    with objq.make_context("objq", argv, obj=Globals()) as ctx:
+        status = objq.invoke(ctx)
+    return status if isinstance(status, int) else EXIT_OK
 
 
-def _command_word(argv: list[str]) -> tuple[str | None, int]:
-    """The command (first word that is not a global option or its value), and where it is."""
-    skip = False
-    for index, word in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if word in _VALUED_GLOBALS:
-            skip = True
-            continue
-        if not word.startswith("-"):
-            return word, index
-    return None, len(argv)
-
-
-def _report_command(url: str | None, rest: list[str]) -> int:
-    """``objq report ...``: the Spark reports, imported only when asked for."""
-    try:
-        report = importlib.import_module("objq_broker.report")
-        if url:
-            os.environ["OBJQ_URL"] = url  # the report reads the store from the environment
-        status: int = report.main(rest)
-    except ModuleNotFoundError as exc:
-        # pandas and matplotlib are imported only once the report needs them, so a missing
-        # one surfaces from main(), not from the import above.
-        missing = _missing_module(exc)
-        if missing is None or missing.split(".")[0] not in _SPARK_MODULES:
-            raise
-        found = f"no module named {missing!r}"
-        raise missing_extra("objq report", missing.split(".")[0], "spark", found) from exc
-    return status
-
-
-def _missing_module(exc: BaseException) -> str | None:
-    """The module a ModuleNotFoundError (or one it was raised from) could not find."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, ModuleNotFoundError) and cause.name:
-            return cause.name
-        cause = cause.__cause__
-    return None
+def usage_line(exc: click.UsageError) -> str:
+    """A usage error as one line, naming the help to read instead of repeating the usage."""
+    if isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter):
+        param = exc.param
+        if isinstance(param, click.Option):
+            message = f"argument {max(param.opts, key=len)}: {exc.message}"
+        elif param is not None:
+            shown = (param.metavar or "").strip("[].") or param.name  # "[ID]...": "ID"
+            message = f"argument {shown}: {exc.message}"
+        else:
+            message = exc.message
+    else:
+        message = exc.format_message()
+    command = exc.ctx.command_path if exc.ctx is not None else "objq"
+    return f"{message.rstrip('.')}; see {command} --help"
 
 
 def _report(exc: BaseException, debug: bool) -> int:
@@ -115,7 +68,10 @@ def _report(exc: BaseException, debug: bool) -> int:
     if debug:
         # An SDK's own messages in the chain quote endpoints as given, user:password@ too.
         sys.stderr.write(redacted("".join(traceback.format_exception(exc))))
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, click.UsageError):
+        sys.stderr.write(f"objq: error: {_one_line_text(usage_line(exc))}\n")
+        return EXIT_USAGE
+    if isinstance(exc, KeyboardInterrupt | click.Abort):
         sys.stderr.write("objq: interrupted\n")
         return EXIT_ERROR
     if isinstance(exc, ConfigurationError) and isinstance(exc.__cause__, ModuleNotFoundError):
@@ -139,9 +95,13 @@ def _report(exc: BaseException, debug: bool) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
+    return _one_line_text(str(exc) or type(exc).__name__)
+
+
+def _one_line_text(text: str) -> str:
     from objq_broker.cli.output import printable
 
-    text = redacted(str(exc) or type(exc).__name__)  # not every error is objq's, redacted
+    text = redacted(text)  # not every error is objq's, redacted
     return printable(" ".join(text.split()))  # a message may quote what the store holds
 
 

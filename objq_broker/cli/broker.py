@@ -15,9 +15,14 @@ import signal
 import sys
 import threading
 
+import click
+
+from objq_broker.broker.settings import BrokerOptions
+from objq_broker.cli.commands import command, objq
 from objq_broker.cli.context import Context
 from objq_broker.cli.exporter import metrics_module, serve_metrics
 from objq_broker.cli.output import printable
+from objq_broker.cli.values import LISTEN, setting
 from objq_broker.errors import ConfigurationError, ObjqError
 from objq_broker.model.settings import env_names
 from objq_broker.queue import Queue
@@ -28,6 +33,27 @@ DEFAULT_LISTEN = "127.0.0.1:7700"
 STANDBY_CHECK_SECONDS = 1.0
 
 
+@command(objq, "broker", "commit for other processes (or stand by)")
+@click.option(
+    "--listen",
+    help="host:port to serve on ($OBJQ_BROKER_LISTEN, else 127.0.0.1:7700); beyond loopback needs "
+    "$OBJQ_BROKER_TOKEN",
+)
+@click.option(
+    "--advertise",
+    help="host:port other hosts reach this broker at (default: the address listened on)",
+)
+@click.option(
+    "--takeover-seconds",
+    type=setting(BrokerOptions, "broker_takeover_seconds"),
+    help="how long the broker may be unreachable before a standby takes over (5)",
+)
+@click.option(
+    "--metrics-listen",
+    type=LISTEN,
+    metavar="HOST:PORT",
+    help="serve the broker's Prometheus metrics at http://HOST:PORT/metrics",
+)
 def cmd_broker(ctx: Context) -> int:
     try:
         from objq_broker.broker.elected import ElectedCommitter

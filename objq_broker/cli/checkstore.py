@@ -10,11 +10,33 @@ command says which check failed and exits 1. The URL comes as an argument or as 
 
 from __future__ import annotations
 
+import click
+
+from objq_broker.cli.commands import command, objq
 from objq_broker.cli.context import Context
-from objq_broker.cli.output import UsageError, printable, table
-from objq_broker.storage.probe import ProbeReport, probe_store
+from objq_broker.cli.output import UsageError, counted, printable, table
+from objq_broker.cli.values import whole
+from objq_broker.storage.probe import DEFAULT_ROUNDS, DEFAULT_WRITERS, ProbeReport, probe_store
 
 
+@command(
+    objq,
+    "check-store",
+    "check that the store enforces conditional writes (compare-and-set); URL defaults to --url",
+)
+@click.argument("store_url", required=False, metavar="[URL]")
+@click.option(
+    "--writers",
+    type=whole(2, 64),
+    default=DEFAULT_WRITERS,
+    help=f"writers racing each round ({DEFAULT_WRITERS})",
+)
+@click.option(
+    "--rounds",
+    type=whole(1, 1000),
+    default=DEFAULT_ROUNDS,
+    help=f"rounds of the race ({DEFAULT_ROUNDS})",
+)
 def cmd_check_store(ctx: Context) -> int:
     given = ctx.args.store_url
     if given is not None:
@@ -40,7 +62,8 @@ def _text(report: ProbeReport) -> str:
     )
     return "\n".join(
         [
-            f"{printable(report.url)}: {len(report.checks)} checks, {report.requests} requests",
+            f"{printable(report.url)}: {counted(len(report.checks), 'check')}, "
+            f"{counted(report.requests, 'request')}",
             table(["result", "check", "seen"], rows),
             f"{'ok' if report.passed else 'FAILED'}: {verdict}",
         ]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,7 +39,9 @@ def open_existing(url: str) -> ObjectStore:
 class Context:
     """One run of one command. Opens the store and the queue lazily and closes them at the end."""
 
-    args: argparse.Namespace
+    #: The command's options and arguments, and the options of every command (url, json,
+    #: debug, yes), by name.
+    args: SimpleNamespace
     _store: ObjectStore | None = field(default=None, init=False)
     _queue: Queue | None = field(default=None, init=False)
 

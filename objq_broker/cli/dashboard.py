@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import logging
 
+import click
+
+from objq_broker.cli.commands import command, objq
 from objq_broker.cli.context import Context
 from objq_broker.cli.exporter import serve_until, stop_on_signals
+from objq_broker.cli.values import LISTEN
 from objq_broker.errors import missing_extra
 
 #: Where ``objq dashboard`` serves unless ``--listen`` says otherwise.
@@ -24,6 +28,19 @@ DEFAULT_LISTEN = "127.0.0.1:7702"
 _DASHBOARD_MODULES = frozenset({"starlette", "uvicorn", "jinja2", "prometheus_client"})
 
 
+@command(objq, "dashboard", "a web UI of the store")
+@click.option(
+    "--listen",
+    type=LISTEN,
+    default=DEFAULT_LISTEN,
+    metavar="HOST:PORT",
+    help=f"where to serve ({DEFAULT_LISTEN}); other hosts need 0.0.0.0:PORT",
+)
+@click.option(
+    "--token",
+    help="allow retrying and purging dead letters after logging in with this token (default: "
+    "$OBJQ_DASHBOARD_TOKEN; none: read-only)",
+)
 def cmd_dashboard(ctx: Context) -> int:
     try:
         from objq_broker import dashboard

@@ -12,15 +12,22 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import click
+
+from objq_broker.cli.commands import command, objq, remember
+from objq_broker.cli.context import Context
+from objq_broker.cli.output import counted
+from objq_broker.cli.values import MAX_DEMO_JOBS, MAX_THREADS, whole
 from objq_broker.queue import Delivery, Queue
-
-if TYPE_CHECKING:
-    from objq_broker.cli.context import Context
 
 #: Where the demo keeps its queue when no URL is given: a folder in the working directory.
 DEFAULT_DEMO_URL = "file://objq-data"
+DEMO_URL_HELP = (
+    "store URL (default: ./objq-data; $OBJQ_URL is not used, so the demo never empties a real "
+    "queue by accident)"
+)
 DEMO_QUEUE = "demo"
 DEFAULT_JOBS = 3000
 DEFAULT_WORKERS = 4
@@ -74,9 +81,13 @@ def _payloads(jobs: int) -> dict[str, list[bytes]]:
     }
 
 
+def _note(counts: Counts) -> str:
+    return f"{counts.retries:,} retried, {counts.dead:,} dead"
+
+
 def run(url: str, jobs: int, workers: int, *, progress: bool = True) -> dict[str, Any]:
     """Enqueue and drain the demo jobs on ``url``; returns what happened."""
-    from objq_broker.cli.output import Progress
+    from objq_broker.cli.output import progress as bar
 
     kinds = _payloads(jobs)
     total = sum(len(p) for p in kinds.values())
@@ -110,15 +121,11 @@ def run(url: str, jobs: int, workers: int, *, progress: bool = True) -> dict[str
         ]
         for thread in threads:
             thread.start()
-        bar = Progress(total, f"{workers} workers", enabled=None if progress else False)
-        while counts.done + counts.dead < total:
-            bar.update(
-                counts.done + counts.dead,
-                f"{counts.retries} retried, {counts.dead} dead",
-            )
-            time.sleep(0.05)
-        bar.update(total, f"{counts.retries} retried, {counts.dead} dead")
-        bar.close()
+        with bar(total, counted(workers, "worker"), enabled=progress) as advance:
+            while counts.done + counts.dead < total:
+                advance(counts.done + counts.dead, _note(counts))
+                time.sleep(0.05)
+            advance(total, _note(counts))
         stop.set()
         for thread in threads:
             thread.join()
@@ -142,11 +149,17 @@ def run(url: str, jobs: int, workers: int, *, progress: bool = True) -> dict[str
 def throughput_line(result: dict[str, Any]) -> str:
     return (
         f"{result['jobs']:,} jobs in {result['seconds']:.1f} s: "
-        f"{result['jobs_per_second']:,.0f} jobs/s with {result['workers']} worker threads, "
+        f"{result['jobs_per_second']:,.0f} jobs/s with "
+        f"{counted(result['workers'], 'worker thread')}, "
         f"{result['state_writes']:,} state writes for {result['operations']:,} operations"
     )
 
 
+@command(objq, "demo", "a few thousand jobs, start to end")
+@click.option("--jobs", type=whole(1, MAX_DEMO_JOBS), default=DEFAULT_JOBS)
+@click.option("--workers", type=whole(1, MAX_THREADS), default=DEFAULT_WORKERS)
+# Its own --url: it empties its queue before it starts, so it never reads $OBJQ_URL.
+@click.option("--url", metavar="URL", help=DEMO_URL_HELP, expose_value=False, callback=remember)
 def cmd_demo(ctx: Context) -> int:
     from objq_broker.cli.inspect import status_dict, status_text
     from objq_broker.engine.snapshot import Snapshot

@@ -15,14 +15,17 @@ already serve (the exporter range 9100-9999 of Prometheus's port list is fully a
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import threading
 from types import ModuleType
 from typing import Any, Protocol
 
+import click
+
+from objq_broker.cli.commands import command, objq
 from objq_broker.cli.context import Context
+from objq_broker.cli.values import LISTEN
 from objq_broker.errors import missing_extra
 
 #: Where ``objq exporter`` serves unless ``--listen`` says otherwise.
@@ -31,18 +34,6 @@ DEFAULT_LISTEN = "127.0.0.1:7701"
 STOP_CHECK_SECONDS = 1.0
 #: The top-level module of the ``metrics`` extra.
 _PROMETHEUS_MODULE = "prometheus_client"
-
-
-def listen_address(text: str) -> tuple[str, int]:
-    """``(host, port)`` from ``HOST:PORT`` or ``[IPv6]:PORT``; an argparse type."""
-    host, _, port = text.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not host or not port.isdigit() or int(port) > 65535:
-        raise argparse.ArgumentTypeError(
-            f"expected HOST:PORT (127.0.0.1:7701, 0.0.0.0:7701, [::1]:7701), found {text!r}"
-        )
-    return host, int(port)
 
 
 def metrics_module(needs: str) -> ModuleType:
@@ -102,6 +93,14 @@ def serve_until(
     return 0
 
 
+@command(objq, "exporter", "serve Prometheus metrics of the store")
+@click.option(
+    "--listen",
+    type=LISTEN,
+    default=DEFAULT_LISTEN,
+    metavar="HOST:PORT",
+    help=f"where to serve /metrics ({DEFAULT_LISTEN}); other hosts need 0.0.0.0:PORT",
+)
 def cmd_exporter(ctx: Context) -> int:
     metrics = metrics_module("objq exporter")
     logging.basicConfig(format="objq exporter: %(message)s", level=logging.INFO)

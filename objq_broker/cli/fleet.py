@@ -15,8 +15,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import click
+
+from objq_broker.cli.commands import command, objq
 from objq_broker.cli.context import Context
-from objq_broker.cli.output import printable, table
+from objq_broker.cli.output import counted, printable, table
+from objq_broker.cli.values import POSITIVE_SECONDS, PRICE, RATE, whole
 from objq_broker.model.shown import age
 
 #: List prices in dollars per 1,000 requests: (writes, reads).
@@ -28,6 +32,7 @@ DAY = 86_400
 MONTH = 30 * DAY
 
 
+@command(objq, "workers", "who holds jobs, and who is gone")
 def cmd_workers(ctx: Context) -> int:
     snap = ctx.snapshot()
     rows = snap.workers()
@@ -78,6 +83,13 @@ def _ago(at: float | None, now: float) -> str:
     return "-" if at is None else f"{age(max(now - at, 0.0))} ago"
 
 
+@command(
+    objq,
+    "budget",
+    "show or set the write budget: at most WRITES_PER_SECOND state writes per second for the "
+    "namespace; off: no limit",
+)
+@click.argument("writes_per_second", required=False, type=RATE, metavar="[WRITES_PER_SECOND]")
 def cmd_budget(ctx: Context) -> int:
     given = ctx.args.writes_per_second
     if given is None:
@@ -93,6 +105,22 @@ def cmd_budget(ctx: Context) -> int:
     return 0
 
 
+@command(objq, "cost", "measure state writes, price them")
+@click.option(
+    "--over",
+    type=POSITIVE_SECONDS,
+    default=10.0,
+    metavar="SECONDS",
+    help="measure for SECONDS (10)",
+)
+@click.option(
+    "--readers",
+    type=whole(0, 100_000),
+    default=0,
+    help="processes reading each new state (direct-mode consumers; 0 with a broker)",
+)
+@click.option("--price-per-1000-puts", type=PRICE, metavar="USD")
+@click.option("--price-per-1000-gets", type=PRICE, metavar="USD")
 def cmd_cost(ctx: Context) -> int:
     a = ctx.args
     first = ctx.snapshot()
@@ -130,7 +158,7 @@ def _cost_text(report: dict[str, Any]) -> str:
         f"{report['state_writes_per_second']:.3g} state writes/s measured over "
         f"{report['measured_seconds']:g} s"
         + ("" if budget is None else f" (budget: {budget:g}/s)")
-        + f"; {report['readers']} readers each reading every new state"
+        + f"; {counted(report['readers'], 'reader')} each reading every new state"
     )
     rows = [
         [

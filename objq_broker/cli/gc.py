@@ -9,9 +9,13 @@ that long.
 
 from __future__ import annotations
 
+import click
+
+from objq_broker.cli.commands import command, objq
 from objq_broker.cli.context import Context
 from objq_broker.cli.inspect import parse_duration
-from objq_broker.cli.output import confirm, table
+from objq_broker.cli.output import confirm, counted, table
+from objq_broker.cli.values import DURATION
 from objq_broker.engine.garbage import (
     DEFAULT_OLDER_THAN_SECONDS,
     KINDS,
@@ -21,6 +25,14 @@ from objq_broker.engine.garbage import (
 from objq_broker.model.shown import age, size
 
 
+@command(objq, "gc", "delete objects no state refers to")
+@click.option(
+    "--older-than",
+    type=DURATION,
+    metavar="AGE",
+    help="only those written longer ago (1h; less asks first)",
+)
+@click.option("--dry-run", is_flag=True, help="say what would go; delete nothing")
 def cmd_gc(ctx: Context) -> int:
     a = ctx.args
     older_than = (
@@ -44,13 +56,13 @@ def _text(found: Collection) -> str:
     total = found.total
     verb = "would delete" if found.dry_run else "deleted"
     head = (
-        f"{verb} {total.objects} unreferenced objects ({size(total.bytes)}) "
+        f"{verb} {counted(total.objects, 'unreferenced object')} ({size(total.bytes)}) "
         f"written over {age(found.older_than_seconds)} ago"
     )
     if found.lock_files:
-        head += f", and {found.lock_files} lock files of deleted keys"
+        head += f", and {counted(found.lock_files, 'lock file')} of deleted keys"
     if found.failed:
-        head += f"; {found.failed} deletes failed (tried again next time)"
+        head += f"; {counted(found.failed, 'delete')} failed (tried again next time)"
     rows = [
         (
             kind,

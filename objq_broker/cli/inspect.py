@@ -9,16 +9,22 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import click
 import msgspec
 
+from objq_broker.cli.commands import archive, command, config, dead, jobs, objq
 from objq_broker.cli.context import Context
-from objq_broker.cli.output import UsageError, print_json, printable, table
+from objq_broker.cli.output import UsageError, counted, print_json, printable, table
 from objq_broker.cli.render import job_dict, payload_fields, payload_preview
+from objq_broker.cli.values import DURATION, MOMENT, whole
 from objq_broker.engine.snapshot import ACTIVE_CLIENT_SECONDS, Snapshot
 from objq_broker.errors import JobNotFound
 from objq_broker.model import durations
 from objq_broker.model.records import Job, QueueConfig
 from objq_broker.model.shown import age, size, when
+
+#: What ``jobs list --state`` may name.
+JOB_STATES = ["ready", "delayed", "in-flight", "dead"]
 
 
 def parse_duration(text: str) -> float:
@@ -35,8 +41,34 @@ def parse_time(text: str) -> float:
 # --- status ----------------------------------------------------------------------------------
 
 
+#: The window of the finished-job counts of ``objq status``.
+FINISHED_WINDOW_SECONDS = 3600.0
+#: The outcomes ``objq status`` counts (a job a framework sent again, "retried", counts as the
+#: new job it became).
+FINISHED_OUTCOMES = ("done", "failed", "dead")
+
+
+def finished_counts(snap: Snapshot) -> dict[str, dict[str, int]]:
+    """Per queue, how many jobs finished done, failed and dead in the hour before ``snap``
+    was read. Read from the state's archive tail and the archive objects of that hour (a LIST
+    of the day's folder, a GET per object; see ``engine.archive``), never the whole archive;
+    each job counts once, with the worst outcome its records say."""
+    from objq_broker.engine.archive import iter_archive, worst_outcomes
+
+    counts = {name: dict.fromkeys(FINISHED_OUTCOMES, 0) for name in snap.queue_names()}
+    if not snap.exists:
+        return counts
+    since = snap.read_at - FINISHED_WINDOW_SECONDS
+    records = iter_archive(snap.store, since, None, tail=snap.archive_tail)
+    for (queue, _), outcome in worst_outcomes(records).items():
+        if queue in counts and outcome in FINISHED_OUTCOMES:
+            counts[queue][outcome] += 1
+    return counts
+
+
 def status_dict(snap: Snapshot) -> dict[str, Any]:
     queues = []
+    finished = finished_counts(snap)
     for name in snap.queue_names():
         stats = snap.stats(name)
         queues.append(
@@ -49,6 +81,8 @@ def status_dict(snap: Snapshot) -> dict[str, Any]:
                 "oldest_ready_age_seconds": stats.oldest_ready_age_seconds,
                 "groups": stats.groups,
                 "busiest_groups": [msgspec.structs.asdict(group) for group in stats.busiest],
+                # Jobs that finished in the last hour, by outcome (the archive's records).
+                "last_hour": finished[name],
             }
         )
     return {
@@ -96,6 +130,7 @@ def status_text(status: dict[str, Any]) -> str:
             q["in_flight"],
             q["dead"],
             age(q["oldest_ready_age_seconds"]),
+            *(q["last_hour"][outcome] for outcome in FINISHED_OUTCOMES),
         ]
         for q in status["queues"]
     ]
@@ -103,19 +138,28 @@ def status_text(status: dict[str, Any]) -> str:
     if broker is not None:
         head += (
             f"\nbroker {printable(broker['address'])} (epoch {broker['epoch']}, since "
-            f"{when(broker['since'])}), {broker['active_clients']} clients committed in the "
+            f"{when(broker['since'])}), {counted(broker['active_clients'], 'client')} committed "
+            "in the "
             f"last {age(ACTIVE_CLIENT_SECONDS)}"
         )
     if status.get("write_budget") is not None:
         head += f"\nwrite budget: at most {status['write_budget']:g} state writes per second"
     if status.get("archive_tail_records"):
         head += (
-            f"\narchive tail: {status['archive_tail_records']:,} finished jobs kept in the "
-            "state until they fill an archive object"
+            f"\narchive tail: {counted(status['archive_tail_records'], 'finished job')} kept "
+            "in the state until they fill an archive object"
         )
     if not rows:
         return head + "\nno queues declared"
-    headers = ["QUEUE", "READY", "DELAYED", "IN FLIGHT", "DEAD", "OLDEST READY"]
+    headers = [
+        "QUEUE",
+        "READY",
+        "DELAYED",
+        "IN FLIGHT",
+        "DEAD",
+        "OLDEST READY",
+        *(f"{outcome.upper()} 1H" for outcome in FINISHED_OUTCOMES),
+    ]
     grouped = [q for q in status["queues"] if q.get("groups")]
     if grouped:  # a column only where some queue's jobs name groups
         headers.append("GROUPS")
@@ -134,6 +178,15 @@ def _busiest_text(queue: dict[str, Any]) -> str:
     return f"\nbusiest groups of {printable(queue['queue'])}: {busiest}"
 
 
+@command(objq, "status", "a table of every queue")
+@click.option(
+    "--watch",
+    type=DURATION,
+    is_flag=False,
+    flag_value="2s",
+    metavar="EVERY",
+    help="refresh every EVERY (2s)",
+)
 def cmd_status(ctx: Context) -> int:
     watch = ctx.args.watch
     if watch is None:
@@ -156,6 +209,10 @@ def cmd_status(ctx: Context) -> int:
 # --- jobs ------------------------------------------------------------------------------------
 
 
+@command(jobs, "list", "jobs of a queue, in claim order")
+@click.argument("queue")
+@click.option("--state", type=click.Choice(JOB_STATES))
+@click.option("--limit", type=whole(), default=100, help="at most this many (100)")
 def cmd_jobs_list(ctx: Context) -> int:
     snap = ctx.snapshot()
     found = snap.jobs(ctx.args.queue, ctx.args.state, ctx.args.limit)
@@ -176,13 +233,13 @@ def jobs_table(rows: Sequence[tuple[str, Job]], now: float) -> str:
         return job.error or ""
 
     return table(
-        ["ID", "STATE", "PRI", "ATTEMPTS", "PAYLOAD", "NOTE"],
+        ["ID", "STATE", "PRI", "DELIVERIES", "PAYLOAD", "NOTE"],
         [
             [
                 job.id,
                 state,
                 job.priority,
-                f"{job.attempts}/{job.max_attempts}",
+                f"{job.attempts} of {job.max_attempts}",
                 payload_preview(job),
                 note(state, job)[:60],
             ]
@@ -191,6 +248,8 @@ def jobs_table(rows: Sequence[tuple[str, Job]], now: float) -> str:
     )
 
 
+@command(jobs, "show", "one job, payload included")
+@click.argument("id")
 def cmd_jobs_show(ctx: Context) -> int:
     snap = ctx.snapshot()
     found = snap.find(ctx.args.id)
@@ -210,6 +269,8 @@ def cmd_jobs_show(ctx: Context) -> int:
     return 0
 
 
+@command(dead, "list", "dead letters of a queue")
+@click.argument("queue")
 def cmd_dead_list(ctx: Context) -> int:
     ctx.args.state = "dead"
     ctx.args.limit = None
@@ -219,6 +280,8 @@ def cmd_dead_list(ctx: Context) -> int:
 # --- config ----------------------------------------------------------------------------------
 
 
+@command(config, "show", "settings of one queue or all")
+@click.argument("queue", required=False)
 def cmd_config_show(ctx: Context) -> int:
     snap = ctx.snapshot()
     names = [ctx.args.queue] if ctx.args.queue else snap.queue_names()
@@ -255,6 +318,9 @@ def _range(ctx: Context) -> tuple[float | None, float | None]:
     return since, until
 
 
+@command(archive, "list", "archive objects in a time range")
+@click.option("--since", type=MOMENT, metavar="TIME", help="ISO 8601, Unix seconds or an age (2h)")
+@click.option("--until", type=MOMENT, metavar="TIME")
 def cmd_archive_list(ctx: Context) -> int:
     """The archive objects of a range, then the tail the state keeps when any of its records
     finished in the range (``engine.archive``), named by the state's key, with its count."""
@@ -285,9 +351,13 @@ def cmd_archive_list(ctx: Context) -> int:
             ]
         )
     elif rows:
-        note = "the state's tail: {} records, not yet an object"
+        note = "the state's tail: {}, not yet an object"
         shown = [
-            [f"{hour:%Y-%m-%d %H}h", key, "" if count is None else note.format(count)]
+            [
+                f"{hour:%Y-%m-%d %H}h",
+                key,
+                "" if count is None else note.format(counted(count, "record")),
+            ]
             for hour, key, count in rows
         ]
         print(table(["HOUR (UTC)", "KEY", ""], shown))
@@ -296,6 +366,10 @@ def cmd_archive_list(ctx: Context) -> int:
     return 0
 
 
+@command(archive, "cat", "archived jobs in a time range, as JSON lines")
+@click.option("--since", type=MOMENT, metavar="TIME", help="ISO 8601, Unix seconds or an age (2h)")
+@click.option("--until", type=MOMENT, metavar="TIME")
+@click.option("--queue")
 def cmd_archive_cat(ctx: Context) -> int:
     """Archive records as JSON lines (``--json`` or not: they are records, not a report)."""
     from objq_broker.engine.archive import iter_archive

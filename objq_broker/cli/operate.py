@@ -10,30 +10,56 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import click
+
 from objq_broker import builders
 from objq_broker.cli import cmdjob
+from objq_broker.cli.commands import (
+    CommandAfterDashes,
+    Handler,
+    command,
+    config,
+    dead,
+    objq,
+    queues,
+)
 from objq_broker.cli.context import Context
 from objq_broker.cli.inspect import config_dict, parse_duration
-from objq_broker.cli.output import Cancelled, Progress, UsageError, confirm
+from objq_broker.cli.output import Cancelled, UsageError, confirm, counted, progress
+from objq_broker.cli.values import (
+    DURATION,
+    DURATION_SETTINGS,
+    FLAG,
+    FLAGS,
+    POSITIVE_DURATION,
+    SETTINGS,
+    UTF8,
+    checked_setting,
+    whole,
+)
+from objq_broker.model.checks import MAX_ATTEMPTS, MAX_CLAIM, PRIORITY_RANGE
 from objq_broker.queue import Queue
 from objq_broker.typed.schema import PayloadInvalid, Schema
 
 #: Jobs per commit of a bulk enqueue (each batch is all-or-none).
 DEFAULT_ENQUEUE_BATCH = 1000
-#: Settings of ``config set`` and ``declare``: the short name and the stored field.
-SETTINGS = {
-    "max-attempts": "max_attempts",
-    "backoff-base": "backoff_base_seconds",
-    "backoff-cap": "backoff_cap_seconds",
-    "lease": "lease_seconds",
-    "dead-ttl": "dead_ttl_seconds",
-    "idempotency": "idempotency_seconds",
-    "expires": "expires_seconds",
-    "group-concurrency": "group_concurrency",
-    "fairness": "fairness",
-}
-#: What an on/off setting (``fairness``) may be given as.
-FLAGS = {"on": True, "true": True, "yes": True, "off": False, "false": False, "no": False}
+#: A file of payloads, one a line, checked before the store is opened; '-' is stdin.
+PAYLOADS = click.Path(exists=True, dir_okay=False, readable=True, allow_dash=True)
+
+
+def settings_options(handler: Handler) -> Handler:
+    """``declare``'s option for each setting, checked as ``config set`` checks it."""
+    for name in reversed(SETTINGS):
+        if name in DURATION_SETTINGS:
+            option = click.option(f"--{name}", type=POSITIVE_DURATION, metavar="VALUE")
+        elif name == "group-concurrency":
+            option = click.option(f"--{name}", type=whole(1, MAX_CLAIM), metavar="N")
+        elif name == "fairness":
+            option = click.option(f"--{name}", type=FLAG, metavar="on|off")
+        else:  # max-attempts: the queue API's refusal names it, as for `config set`
+            option = click.option(f"--{name}", metavar="VALUE")
+        handler = option(handler)
+    return handler
 
 
 def setting_value(name: str, raw: str) -> tuple[str, float | int | bool | None]:
@@ -64,6 +90,9 @@ def _settings(ctx: Context) -> dict[str, float | int | bool | None]:
     return dict(setting_value(name, str(raw)) for name, raw in given.items() if raw is not None)
 
 
+@command(objq, "declare", "declare a queue")
+@click.argument("queue")
+@settings_options
 def cmd_declare(ctx: Context) -> int:
     ctx.snapshot(create=True)
     queue = ctx.queue(create=True)
@@ -82,6 +111,15 @@ def _shown_setting(value: float | int | bool | None) -> str:
     return f"{value:g}"
 
 
+@command(
+    config,
+    "set",
+    f"set one: QUEUE KEY VALUE. KEY: {', '.join(SETTINGS)}. VALUE: a number; durations take "
+    "s/m/h/d; fairness: on or off; group-concurrency: none lifts the cap",
+)
+@click.argument("queue")
+@click.argument("key", metavar="KEY")
+@click.argument("value", metavar="VALUE", callback=checked_setting)
 def cmd_config_set(ctx: Context) -> int:
     ctx.snapshot()
     stored, value = setting_value(ctx.args.key, ctx.args.value)
@@ -106,6 +144,40 @@ def _enqueue_options(ctx: Context) -> dict[str, Any]:
     }
 
 
+@command(objq, "enqueue", "add jobs: one (PAYLOAD, as text), or a file's")
+@click.argument("queue")
+@click.argument("payload", required=False, type=UTF8)
+@click.option("--file", type=PAYLOADS, metavar="F", help="one payload per line of F ('-': stdin)")
+@click.option("--jsonl", type=PAYLOADS, metavar="F", help="one JSON document per line of F")
+@click.option(
+    "--schema",
+    metavar="MODULE:TYPE",
+    help="check every payload against this type before anything is committed",
+)
+@click.option(
+    "--batch",
+    type=whole(),
+    default=DEFAULT_ENQUEUE_BATCH,
+    help=f"jobs per commit ({DEFAULT_ENQUEUE_BATCH})",
+)
+@click.option(
+    "--group-field",
+    type=UTF8,
+    metavar="FIELD",
+    help="with --jsonl: each line's top-level FIELD names its job's group",
+)
+@click.option("--priority", type=whole(*PRIORITY_RANGE), default=0, help="lower runs first (0)")
+@click.option(
+    "--delay", type=DURATION, metavar="SECONDS", help="run no earlier than this (30s, 2h)"
+)
+@click.option("--max-attempts", type=whole(1, MAX_ATTEMPTS))
+@click.option(
+    "--group",
+    type=UTF8,
+    metavar="NAME",
+    help="the group (tenant) of the jobs: claims are fair among groups",
+)
+@click.option("--key", type=UTF8, help="idempotency key")
 def cmd_enqueue(ctx: Context) -> int:
     a = ctx.args
     given = [name for name in ("payload", "file", "jsonl") if getattr(a, name) is not None]
@@ -131,26 +203,28 @@ def cmd_enqueue(ctx: Context) -> int:
     groups = None if a.group_field is None else _groups(payloads, a.group_field, a.jsonl)
     ctx.snapshot(create=True)
     queue = ctx.queue(create=True)
-    bar = Progress(len(payloads), f"enqueue {a.queue}", enabled=None if not ctx.json else False)
     ids: list[str] = []
     try:
-        for start in range(0, len(payloads), a.batch):
-            chunk = slice(start, start + a.batch)
-            ids += _enqueue_chunk(
-                queue, a.queue, payloads[chunk], None if groups is None else groups[chunk], options
-            )
-            bar.update(len(ids))
+        with progress(len(payloads), f"enqueue {a.queue}", enabled=not ctx.json) as advance:
+            for start in range(0, len(payloads), a.batch):
+                chunk = slice(start, start + a.batch)
+                ids += _enqueue_chunk(
+                    queue,
+                    a.queue,
+                    payloads[chunk],
+                    None if groups is None else groups[chunk],
+                    options,
+                )
+                advance(len(ids), "")
     except KeyboardInterrupt:
         raise Cancelled(
-            f"interrupted: {len(ids)} of {len(payloads)} jobs were enqueued to {a.queue!r}, "
-            "the rest were not"
+            f"interrupted: {len(ids)} of {counted(len(payloads), 'job')} were enqueued to "
+            f"{a.queue!r}, the rest were not"
         ) from None
-    finally:
-        bar.close()
     commits = -(-len(payloads) // a.batch)
     ctx.emit(
         {"queue": a.queue, "enqueued": len(ids), "ids": ids},
-        f"enqueued {len(ids):,} jobs to {a.queue!r} in {commits} commits",
+        f"enqueued {counted(len(ids), 'job')} to {a.queue!r} in {counted(commits, 'commit')}",
     )
     return 0
 
@@ -238,6 +312,31 @@ def _read_payloads(path: str, *, jsonl: bool, schema: Schema[Any] | None) -> Ite
         yield _checked(schema, line.strip() if jsonl else line, f"{path}, line {number}")
 
 
+@command(
+    objq,
+    "enqueue-cmd",
+    "add a command job: QUEUE [options] -- COMMAND [ARGS...]",
+    cls=CommandAfterDashes,
+)
+@click.argument("queue")
+@click.option("--shell", is_flag=True, help="run the words with /bin/sh -c")
+@click.option(
+    "--timeout", type=POSITIVE_DURATION, metavar="SECONDS", help="kill it after this long"
+)
+@click.option("--env", type=UTF8, multiple=True, metavar="NAME=VALUE")
+@click.option("--cwd", type=UTF8, metavar="DIR")
+@click.option("--priority", type=whole(*PRIORITY_RANGE), default=0, help="lower runs first (0)")
+@click.option(
+    "--delay", type=DURATION, metavar="SECONDS", help="run no earlier than this (30s, 2h)"
+)
+@click.option("--max-attempts", type=whole(1, MAX_ATTEMPTS))
+@click.option(
+    "--group",
+    type=UTF8,
+    metavar="NAME",
+    help="the group (tenant) of the jobs: claims are fair among groups",
+)
+@click.option("--key", type=UTF8, help="idempotency key")
 def cmd_enqueue_cmd(ctx: Context) -> int:
     a = ctx.args
     argv = list(a.argv)
@@ -273,75 +372,88 @@ def _chosen_ids(ctx: Context, what: str) -> list[str] | None:
     return None if ctx.args.all else list(ctx.args.ids)
 
 
+@command(dead, "retry", "move dead letters back to their queue")
+@click.argument("queue")
+@click.argument("ids", nargs=-1, metavar="[ID]...")
+@click.option("--all", is_flag=True, help="all of the queue's dead letters")
 def cmd_dead_retry(ctx: Context) -> int:
     ids = _chosen_ids(ctx, "retry")
     ctx.snapshot()
     retried = ctx.queue().retry_dead(ctx.args.queue, ids)
     ctx.emit(
         {"queue": ctx.args.queue, "retried": retried},
-        f"queue {ctx.args.queue!r}: {len(retried)} dead letters back in the queue",
+        f"queue {ctx.args.queue!r}: {counted(len(retried), 'dead letter')} back in the queue",
     )
     return 0
 
 
+@command(dead, "purge", "delete dead letters (asks first)")
+@click.argument("queue")
+@click.argument("ids", nargs=-1, metavar="[ID]...")
+@click.option("--all", is_flag=True, help="all of the queue's dead letters")
 def cmd_dead_purge(ctx: Context) -> int:
     ids = _chosen_ids(ctx, "purge")
     snap = ctx.snapshot()
     count = len(snap.dead_letters(ctx.args.queue)) if ids is None else len(ids)
-    confirm(f"delete {count} dead letters of queue {ctx.args.queue!r} for good?", yes=ctx.yes)
+    confirm(
+        f"delete {counted(count, 'dead letter')} of queue {ctx.args.queue!r} for good?",
+        yes=ctx.yes,
+    )
     purged = ctx.queue().purge_dead(ctx.args.queue, ids)
     ctx.emit(
         {"queue": ctx.args.queue, "purged": purged},
-        f"queue {ctx.args.queue!r}: {purged} dead letters deleted",
+        f"queue {ctx.args.queue!r}: {counted(purged, 'dead letter')} deleted",
     )
     return 0
 
 
+@command(objq, "purge", "delete ready and delayed jobs")
+@click.argument("queue")
 def cmd_purge(ctx: Context) -> int:
     snap = ctx.snapshot()
     stats = snap.stats(ctx.args.queue)
     count = stats.ready + stats.delayed
     confirm(
-        f"delete the {count} ready and delayed jobs of queue {ctx.args.queue!r} for good?",
+        f"delete the {counted(count, 'ready and delayed job')} of queue {ctx.args.queue!r} "
+        "for good?",
         yes=ctx.yes,
     )
     purged = ctx.queue().purge(ctx.args.queue)
     ctx.emit(
         {"queue": ctx.args.queue, "purged": purged},
-        f"queue {ctx.args.queue!r}: {purged} jobs deleted (jobs in flight finish normally)",
+        f"queue {ctx.args.queue!r}: {counted(purged, 'job')} deleted (jobs in flight finish "
+        "normally)",
     )
     return 0
 
 
+@command(queues, "delete", "delete a queue and all its jobs")
+@click.argument("queue")
 def cmd_queue_delete(ctx: Context) -> int:
     name = ctx.args.queue
     stats = ctx.snapshot().stats(name)  # an unknown queue stops here, with its one-line error
     jobs = stats.ready + stats.delayed + stats.in_flight + stats.dead
     confirm(
-        f"delete queue {name!r}, its settings and its {jobs} jobs ({stats.in_flight} in flight, "
-        f"{stats.dead} dead) for good?",
+        f"delete queue {name!r}, its settings and its {counted(jobs, 'job')} "
+        f"({stats.in_flight} in flight, {stats.dead} dead) for good?",
         yes=ctx.yes,
     )
     deleted = ctx.queue().delete_queue(name)
     ctx.emit(
         {"queue": name, "deleted_jobs": deleted},
-        f"queue {name!r} deleted with {deleted} jobs (a worker still holding one of them gets "
-        "LeaseLost when it settles it)",
+        f"queue {name!r} deleted with {counted(deleted, 'job')} (a worker still holding one "
+        "of them gets LeaseLost when it settles it)",
     )
     return 0
 
 
+@command(objq, "requeue-stale", "expire stale leases now")
 def cmd_requeue_stale(ctx: Context) -> int:
     ctx.snapshot()
     count = ctx.queue().expire()
-    ctx.emit({"requeued": count}, f"{count} jobs whose lease had expired are back in their queue")
+    ctx.emit(
+        {"requeued": count},
+        f"{counted(count, 'job')} whose lease had expired "
+        + ("is back in its queue" if count == 1 else "are back in their queues"),
+    )
     return 0
-
-
-# --- worker ----------------------------------------------------------------------------------
-
-
-def cmd_worker(ctx: Context) -> int:
-    from objq_broker.cli.worker import cmd_worker as run_worker
-
-    return run_worker(ctx)

@@ -1,5 +1,6 @@
 """What the ``objq`` command prints: tables for people, JSON for scripts, a progress bar, and
-the confirmation asked before anything is deleted.
+the confirmation asked before anything is deleted; the tables, the bar and the prompt are
+rich's.
 
 Results go to stdout; progress, prompts and errors go to stderr, so ``objq ... --json | jq``
 always receives clean JSON.
@@ -7,7 +8,8 @@ always receives clean JSON.
 Whatever the output for people shows from the store (payloads, errors, queue names, lease
 owners) passes through :func:`printable` first: anyone who can write to the bucket chooses those
 strings, and a raw escape sequence in one could clear the operator's screen, retitle the
-terminal or forge lines of the output. ``--json`` output is left as it is (JSON escapes
+terminal or forge lines of the output. It reaches rich as ``Text``, never as markup, so a
+``[bold]`` in a payload stays those characters. ``--json`` output is left as it is (JSON escapes
 control characters itself; a program reads it, not a terminal).
 """
 
@@ -16,17 +18,21 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from objq_broker.errors import redacted
 
-#: Seconds between two redraws of a progress bar (drawing costs more than the work it shows).
-PROGRESS_REDRAW_SECONDS = 0.1
-#: Characters of the bar itself.
-PROGRESS_WIDTH = 30
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# rich is imported where it draws: a command that prints JSON, or one line, never loads it.
+
+#: Width of what is written to a file or a pipe: a table is as wide as its rows, never wrapped
+#: (a program reading it reads one row per line).
+UNWRAPPED_WIDTH = 10_000
 #: Characters a terminal acts on instead of showing: C0 (newline and tab included), DEL, C1,
 #: the Unicode bidirectional controls (which reorder what follows, so text can read other than
 #: it is) and the line and paragraph separators.
@@ -77,25 +83,40 @@ def print_json(value: Any, stream: TextIO | None = None) -> None:
     target.flush()
 
 
+def console(stream: TextIO) -> Console:
+    """A rich console on ``stream`` that adds nothing of its own to what it shows: no
+    highlighting of numbers or URLs, no markup, no emoji codes. Off a terminal, nothing is
+    wrapped and nothing styled."""
+    from rich.console import Console
+
+    terminal = stream.isatty()
+    return Console(
+        file=stream,
+        highlight=False,
+        markup=False,
+        emoji=False,
+        width=None if terminal else UNWRAPPED_WIDTH,
+    )
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain aligned table; numbers are right-aligned."""
-    cells = [[_cell(value) for value in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        for i, text in enumerate(row):
-            widths[i] = max(widths[i], len(text))
-    numeric = [
-        all(isinstance(row[i], int | float) or row[i] is None for row in rows) and bool(rows)
-        for i in range(len(headers))
-    ]
+    """An aligned table as text for stdout; numbers are right-aligned, headers bold on a
+    terminal."""
+    from rich.table import Table
+    from rich.text import Text
 
-    def line(values: Sequence[str]) -> str:
-        parts = [
-            v.rjust(widths[i]) if numeric[i] else v.ljust(widths[i]) for i, v in enumerate(values)
-        ]
-        return "  ".join(parts).rstrip()
-
-    return "\n".join([line([printable(h) for h in headers]), *(line(row) for row in cells)])
+    grid = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for i, header in enumerate(headers):
+        numeric = bool(rows) and all(
+            isinstance(row[i], int | float) or row[i] is None for row in rows
+        )
+        grid.add_column(Text(printable(header)), justify="right" if numeric else "left")
+    for row in rows:
+        grid.add_row(*(Text(_cell(value)) for value in row))
+    out = console(sys.stdout)
+    with out.capture() as captured:
+        out.print(grid)
+    return "\n".join(line.rstrip() for line in captured.get().splitlines())
 
 
 def _cell(value: object) -> str:
@@ -106,6 +127,11 @@ def _cell(value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return printable(value)
+
+
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless it is one: ``1 job``, ``2 jobs``."""
+    return f"{count:,} {noun if count == 1 else noun + 's'}"
 
 
 def iso(at: float | None) -> str | None:
@@ -124,62 +150,56 @@ def confirm(question: str, *, yes: bool, stdin: TextIO | None = None) -> None:
             f"{question.rstrip('?')}: confirmation needed, but stdin is not a terminal; "
             "pass --yes to confirm"
         )
-    sys.stderr.write(f"{question} [y/N] ")
-    sys.stderr.flush()
-    answer = source.readline().strip().lower()
-    if answer not in ("y", "yes"):
-        raise Cancelled(f"cancelled: the answer was {answer!r}, not 'yes'")
+    from rich.prompt import Prompt
+    from rich.text import Text
 
-
-class Progress:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal.
-
-    >>> bar = Progress(100, "enqueue", enabled=False)
-    >>> bar.update(50)
-    >>> bar.close()
-    """
-
-    def __init__(
-        self,
-        total: int,
-        label: str,
-        *,
-        stream: TextIO | None = None,
-        enabled: bool | None = None,
-    ) -> None:
-        self.total = max(total, 0)
-        self.label = label
-        self.stream = sys.stderr if stream is None else stream
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.done = 0
-        self.note = ""
-        self._started = time.monotonic()
-        self._drawn = 0.0
-
-    def update(self, done: int, note: str = "") -> None:
-        self.done = min(done, self.total) if self.total else done
-        self.note = note
-        now = time.monotonic()
-        if self.enabled and now - self._drawn >= PROGRESS_REDRAW_SECONDS:
-            self._drawn = now
-            self._draw(now)
-
-    def _draw(self, now: float) -> None:
-        fraction = self.done / self.total if self.total else 1.0
-        filled = int(fraction * PROGRESS_WIDTH)
-        elapsed = now - self._started
-        rate = f"{self.done / elapsed:,.0f}/s" if elapsed >= 0.5 else ""  # too early to tell
-        bar = "#" * filled + "." * (PROGRESS_WIDTH - filled)
-        text = (
-            f"\r{self.label} [{bar}] {self.done:,}/{self.total:,} {fraction:4.0%} "
-            f"{rate} {self.note}"
+    try:
+        answer = Prompt.ask(
+            Text(f"{printable(question)} [y/N]"),
+            console=console(sys.stderr),
+            default="",
+            show_default=False,
+            stream=None if stdin is None else stdin,
         )
-        self.stream.write(text.ljust(79) + "\x1b[K")
-        self.stream.flush()
+    except EOFError:  # the terminal closed: nobody said yes
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        raise Cancelled(f"cancelled: the answer was {answer.strip()!r}, not 'yes'")
 
-    def close(self) -> None:
-        """Draw the final state and end the line."""
-        if self.enabled:
-            self._draw(time.monotonic())
-            self.stream.write("\n")
-            self.stream.flush()
+
+@contextmanager
+def progress(total: int, label: str, *, enabled: bool) -> Iterator[Callable[[int, str], None]]:
+    """A progress bar on stderr while the block runs, drawn only when it is ``enabled`` and
+    stderr is a terminal. The block is given a function to say how many of ``total`` are
+    done, with a note.
+
+    >>> with progress(100, "enqueue", enabled=False) as advance:
+    ...     advance(50, "half way")
+    """
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.progress import Progress as Bar
+
+    out = console(sys.stderr)
+    bar = Bar(
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[note]}", markup=False),
+        console=out,
+        disable=not (enabled and out.is_terminal),
+    )
+    task = bar.add_task(printable(label), total=total, note="")
+
+    def advance(done: int, note: str = "") -> None:
+        bar.update(task, completed=done, note=printable(note))
+
+    with bar:
+        yield advance

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import click
+
+from objq_broker.cli.commands import command, kept_results
 from objq_broker.cli.context import Context, open_existing
 from objq_broker.cli.inspect import parse_duration
-from objq_broker.cli.output import confirm
+from objq_broker.cli.output import confirm, counted
+from objq_broker.cli.values import DURATION
 from objq_broker.results.store import ResultStore
 
 
+@command(kept_results, "purge", "delete expired results")
+@click.option(
+    "--older-than", type=DURATION, metavar="AGE", help="also those stored before (7d, 12h)"
+)
+@click.option("--prefix", default="results/", help="where they are (results/)")
 def cmd_results_purge(ctx: Context) -> int:
     """Delete expired results, and with ``--older-than`` those stored longer ago."""
     a = ctx.args
@@ -27,6 +36,6 @@ def cmd_results_purge(ctx: Context) -> int:
         store.close()
     ctx.emit(
         {"deleted": deleted, "prefix": a.prefix},
-        f"{deleted} results deleted under {a.prefix}",
+        f"{counted(deleted, 'result')} deleted under {a.prefix}",
     )
     return 0

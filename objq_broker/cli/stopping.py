@@ -31,6 +31,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from objq_broker.cli.cmdjob import KILL_GRACE_SECONDS, ProcessGroups
+from objq_broker.cli.output import counted
 
 log = logging.getLogger("objq_broker.worker")
 
@@ -149,7 +150,7 @@ class Shutdown:
         killed = self.commands.kill()
         sys.stderr.write(
             f"objq worker: {why}: exiting now, status {FORCED_EXIT_STATUS}"
-            + (f", {killed} commands killed" if killed else "")
+            + (f", {counted(killed, 'command')} killed" if killed else "")
             + "; the jobs it still holds run again once their leases expire\n"
         )
         sys.stderr.flush()

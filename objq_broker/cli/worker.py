@@ -30,15 +30,26 @@ from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
+import click
+
 from objq_broker.builders import default_owner
 from objq_broker.cli import cmdjob
+from objq_broker.cli.commands import command, objq
 from objq_broker.cli.context import Context
 from objq_broker.cli.inspect import parse_duration
-from objq_broker.cli.output import EscapingFormatter, UsageError, print_json, printable
+from objq_broker.cli.output import (
+    EscapingFormatter,
+    UsageError,
+    counted,
+    print_json,
+    printable,
+)
 from objq_broker.cli.redact import Redactor
 from objq_broker.cli.stopping import DEFAULT_GRACE_SECONDS, Shutdown
+from objq_broker.cli.values import DURATION, LISTEN, MAX_THREADS, POSITIVE_DURATION, whole
 from objq_broker.consume import LeaseKeeper, interval_for
 from objq_broker.errors import ConfigurationError, LeaseLost, ObjqError
+from objq_broker.model.checks import MAX_CLAIM
 from objq_broker.queue import Delivery, Queue
 
 log = logging.getLogger("objq_broker.worker")
@@ -266,7 +277,7 @@ class CommandWorker:
         elif event["event"] == "started":
             message = f"job {event['id']} attempt {event['attempt']}: started"
         else:
-            message = f"gave back {len(event['ids'])} prefetched jobs"
+            message = f"gave back {counted(len(event['ids']), 'prefetched job')}"
         # One write (runners print at once), escaped: ids and errors come from the store.
         sys.stderr.write(f"objq worker: {printable(message)}\n")
         sys.stderr.flush()
@@ -275,6 +286,37 @@ class CommandWorker:
 # --- the command -------------------------------------------------------------------------------
 
 
+@command(objq, "worker", "run command jobs")
+@click.option("--queue", required=True)
+@click.option("--count", type=whole(1, MAX_THREADS), default=1, help="commands run at once (1)")
+@click.option(
+    "--prefetch",
+    type=whole(0, MAX_CLAIM - MAX_THREADS),  # one claim asks for --count + --prefetch
+    help="jobs claimed ahead (default: --count)",
+)
+@click.option("--timeout", type=POSITIVE_DURATION, metavar="SECONDS", help="for jobs that set none")
+@click.option("--burst", is_flag=True, help="exit once the queue is empty")
+@click.option("--declare", is_flag=True, help="declare the queue if missing (else: an error)")
+@click.option(
+    "--metrics-listen",
+    type=LISTEN,
+    metavar="HOST:PORT",
+    help="serve this worker's Prometheus metrics at http://HOST:PORT/metrics",
+)
+@click.option(
+    "--stop-grace",
+    type=DURATION,
+    metavar="SECONDS",
+    help="after SIGTERM, how long running commands may go on before they are killed and their jobs "
+    "given back (25s)",
+)
+@click.option(
+    "--allow-env",
+    multiple=True,
+    metavar="NAME",
+    help="let jobs set NAME in their env although it changes what runs (PATH, LD_*, PYTHONPATH, "
+    "...); repeatable",
+)
 def cmd_worker(ctx: Context) -> int:
     """``objq worker``: options are checked here, before anything is read; the worker itself
     runs under a :class:`Shutdown` that keeps it stoppable."""

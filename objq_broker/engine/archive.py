@@ -29,7 +29,7 @@ count should count distinct ids.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -169,11 +169,18 @@ def record_id(record: ArchiveRecord) -> RecordId:
 
 
 def iter_archive(
-    store: ObjectStore, since: float | None = None, until: float | None = None
+    store: ObjectStore,
+    since: float | None = None,
+    until: float | None = None,
+    *,
+    tail: list[ArchiveRecord] | None = None,
 ) -> Iterator[ArchiveRecord]:
     """Records of jobs finished in ``[since, until)``, object by object, oldest hour first,
-    then the state's tail."""
-    tail = read_tail(store)  # first: see the module docstring
+    then the state's tail. ``tail``: the tail of a state the caller has just read, so it is
+    not read again (it must be read before the objects are listed: see the module
+    docstring)."""
+    if tail is None:
+        tail = read_tail(store)
     in_tail = {record_id(record) for record in tail}
     for key in archive_keys(store, since, until):
         for record in read_archive(store, key):
@@ -182,6 +189,23 @@ def iter_archive(
     for record in tail:
         if finished_within(record, since, until):
             yield record
+
+
+#: Outcomes from best to worst: a job counts with the worst one its records say (a framework
+#: may note "failed" on a job acked "done"), as ``objq report`` counts them.
+OUTCOME_RANKS: dict[str, int] = {"done": 0, "retried": 1, "failed": 2, "dead": 3}
+
+
+def worst_outcomes(records: Iterable[ArchiveRecord]) -> dict[tuple[str, str], str]:
+    """Each job's worst outcome among ``records``, by ``(queue, job id)``: a job archived
+    twice, or noted on by its framework, counts once."""
+    worst: dict[tuple[str, str], str] = {}
+    for record in records:
+        key = (record.job.queue, record.job.id)
+        seen = worst.get(key)
+        if seen is None or OUTCOME_RANKS[record.outcome] > OUTCOME_RANKS[seen]:
+            worst[key] = record.outcome
+    return worst
 
 
 def finished_within(record: ArchiveRecord, since: float | None, until: float | None) -> bool:

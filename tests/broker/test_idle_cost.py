@@ -91,4 +91,4 @@ def test_status_shows_the_broker(tmp_path: Any) -> None:
             check=True,
         )
     assert "broker 127.0.0.1:" in done.stdout and "(epoch 1," in done.stdout
-    assert "1 clients committed" in done.stdout
+    assert "1 client committed" in done.stdout

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
+
+from objq_broker.cli.commands import Globals, build
 from tests.support.processes import Children, kill
 
 #: Seconds any one ``objq`` command may take before the test fails.
@@ -103,6 +106,19 @@ def one_line_error(result: Result, status: int, *fragments: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("objq: "), result.stderr
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
+
+
+def parse_command(argv: list[str]) -> dict[str, Any]:
+    """The arguments and options ``objq ARGV`` gives its command, as parsed, without running
+    it (ARGV starts with the command's words); a refused value raises click's
+    ``BadParameter``, which names its option."""
+    words = list(argv)
+    command: click.Command = build()
+    name = "objq"
+    while isinstance(command, click.Group):
+        name = words.pop(0)
+        command = command.commands[name]
+    return command.make_context(name, words, obj=Globals()).params
 
 
 #: The ``objq`` fixture: ``objq(*args, url=..., stdin=None, cwd=None, tty_answer=None)``.

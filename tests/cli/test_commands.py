@@ -158,6 +158,9 @@ def test_dead_letters_list_retry_purge(objq: Objq, file_url: str) -> None:
     assert ran.json_lines()[-1]["dead"] == 3
     dead = objq("dead", "list", "jobs", "--json", url=file_url).json()
     assert len(dead) == 3 and all(row["error"] == "exit code 1" for row in dead)
+    header, *rows = objq("dead", "list", "jobs", url=file_url).stdout.splitlines()
+    assert header.split()[:4] == ["ID", "STATE", "PRI", "DELIVERIES"]
+    assert all(" 1 of 1 " in row for row in rows)  # delivered once, of at most once
 
     # When one is retried and the others purged
     usage = objq("dead", "retry", "jobs", url=file_url)
@@ -239,7 +242,7 @@ def test_demo_help_names_its_own_default(objq: Objq) -> None:
     # The demo empties its queue, so it never uses $OBJQ_URL; its help must not promise it
     helped = objq("demo", "--help", url=None)
     assert helped.code == 0, helped.stderr
-    text = " ".join(helped.stdout.split())  # argparse wraps the help text
+    text = " ".join(helped.stdout.split())  # click wraps the help text
     assert "--url URL store URL (default: ./objq-data;" in text
     assert "default: $OBJQ_URL" not in text
 
@@ -288,7 +291,7 @@ def test_results_purge_deletes_expired_results_then_old_ones_when_told(
     refused = objq("results", "purge", "--older-than", "0s", url=cli_url, tty_answer="n")
     assert refused.code != 0 and results.names() == ["kept"]
     done = objq("results", "purge", "--older-than", "0s", "-y", url=cli_url)
-    assert done.code == 0 and "1 results deleted" in done.stdout
+    assert done.code == 0 and "1 result deleted" in done.stdout
     assert results.names() == []
 
 
@@ -341,3 +344,42 @@ def test_group_settings_by_declare_and_config_set_and_shown_for_every_queue(
     assert refused.code == 2 and "fairness: expected on or off, found 'maybe'" in refused.stderr
     shown = objq("config", "show", url=file_url)
     assert shown.code == 0 and "group_concurrency" in shown.stdout, shown.stderr
+
+
+def test_status_counts_the_jobs_finished_in_the_last_hour_by_outcome(
+    objq: Objq, file_url: str
+) -> None:
+    # Given jobs acked done, acked as failed (a framework settling a failure itself) and
+    # dead-lettered, some archived as objects (a tail of 0 bytes writes one per commit) and
+    # some kept in the state's archive tail, beside a queue with a job still in flight
+    for url in (f"{file_url}?archive_tail_bytes=0", file_url):
+        with Queue(url) as queue:
+            queue.declare("counted", max_attempts=1)
+            queue.enqueue_many("counted", [b"%d" % n for n in range(6)])
+            deliveries = queue.claim("counted", 6)
+            for delivery in deliveries[:3]:
+                queue.ack(delivery)
+            for delivery in deliveries[3:5]:
+                queue.ack(delivery, outcome="failed", error="boom")
+            queue.nack(deliveries[5], error="no", retry=False)
+            queue.enqueue("busy", b"x")
+            queue.claim("busy")
+    archive = Path(file_url.removeprefix("file://")) / "archive"
+    assert list(archive.rglob("*.jsonl")), "some records are in archive objects"
+
+    # When the status is read
+    status = objq("status", "--json", url=file_url)
+    shown = objq("status", url=file_url)
+
+    # Then each queue counts its finished jobs once each, by outcome
+    assert status.code == 0, status.stderr
+    counts = {q["queue"]: q["last_hour"] for q in status.json()["queues"]}
+    assert counts == {
+        "counted": {"done": 6, "failed": 4, "dead": 2},
+        "busy": {"done": 0, "failed": 0, "dead": 0},
+    }
+    lines = shown.stdout.splitlines()
+    [header] = [line for line in lines if line.startswith("QUEUE")]
+    assert header.split()[-6:] == ["DONE", "1H", "FAILED", "1H", "DEAD", "1H"]
+    [counted] = [line for line in lines if line.startswith("counted ")]
+    assert counted.split()[-3:] == ["6", "4", "2"]

@@ -55,9 +55,13 @@ def test_budget_is_shown_set_refused_and_lifted(objq: Objq, file_url: str) -> No
     assert "write budget: at most 2 state writes per second" in objq("status", url=file_url).stdout
     with Queue(file_url, broker="off") as queue:
         assert queue.write_budget() == 2.0  # every process sees the one setting
-    for bad in ("nan", "0", "-1", "inf", "fast", "5000"):
+    for bad in ("nan", "0", "inf", "fast", "5000"):
         refused = objq("budget", bad, url=file_url)
         assert refused.code == 2 and "WRITES_PER_SECOND" in refused.stderr, bad
+    # A word that starts with "-" is an option unless it follows "--"
+    assert objq("budget", "-1", url=file_url).code == 2
+    negative = objq("budget", "--", "-1", url=file_url)
+    assert negative.code == 2 and "WRITES_PER_SECOND" in negative.stderr
     assert objq("budget", "--json", url=file_url).json() == {"writes_per_second": 2.0}
     assert objq("budget", "off", "--json", url=file_url).json() == {"writes_per_second": None}
 
