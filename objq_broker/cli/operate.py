@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -90,6 +90,37 @@ def _settings(ctx: Context) -> dict[str, float | int | bool | None]:
     return dict(setting_value(name, str(raw)) for name, raw in given.items() if raw is not None)
 
 
+#: A command's function, as click's decorators take and give it.
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def job_options(function: F) -> F:
+    """The settings of the jobs an enqueue makes, as ``enqueue`` and ``enqueue-cmd`` take them."""
+    for option in reversed(
+        [
+            click.option(
+                "--priority", type=whole(*PRIORITY_RANGE), default=0, help="lower runs first (0)"
+            ),
+            click.option(
+                "--delay",
+                type=DURATION,
+                metavar="SECONDS",
+                help="run no earlier than this (30s, 2h)",
+            ),
+            click.option("--max-attempts", type=whole(1, MAX_ATTEMPTS)),
+            click.option(
+                "--group",
+                type=UTF8,
+                metavar="NAME",
+                help="the group (tenant) of the jobs: claims are fair among groups",
+            ),
+            click.option("--key", type=UTF8, help="idempotency key"),
+        ]
+    ):
+        function = option(function)
+    return function
+
+
 @command(objq, "declare", "declare a queue")
 @click.argument("queue")
 @settings_options
@@ -166,18 +197,7 @@ def _enqueue_options(ctx: Context) -> dict[str, Any]:
     metavar="FIELD",
     help="with --jsonl: each line's top-level FIELD names its job's group",
 )
-@click.option("--priority", type=whole(*PRIORITY_RANGE), default=0, help="lower runs first (0)")
-@click.option(
-    "--delay", type=DURATION, metavar="SECONDS", help="run no earlier than this (30s, 2h)"
-)
-@click.option("--max-attempts", type=whole(1, MAX_ATTEMPTS))
-@click.option(
-    "--group",
-    type=UTF8,
-    metavar="NAME",
-    help="the group (tenant) of the jobs: claims are fair among groups",
-)
-@click.option("--key", type=UTF8, help="idempotency key")
+@job_options
 def cmd_enqueue(ctx: Context) -> int:
     a = ctx.args
     given = [name for name in ("payload", "file", "jsonl") if getattr(a, name) is not None]
@@ -325,18 +345,7 @@ def _read_payloads(path: str, *, jsonl: bool, schema: Schema[Any] | None) -> Ite
 )
 @click.option("--env", type=UTF8, multiple=True, metavar="NAME=VALUE")
 @click.option("--cwd", type=UTF8, metavar="DIR")
-@click.option("--priority", type=whole(*PRIORITY_RANGE), default=0, help="lower runs first (0)")
-@click.option(
-    "--delay", type=DURATION, metavar="SECONDS", help="run no earlier than this (30s, 2h)"
-)
-@click.option("--max-attempts", type=whole(1, MAX_ATTEMPTS))
-@click.option(
-    "--group",
-    type=UTF8,
-    metavar="NAME",
-    help="the group (tenant) of the jobs: claims are fair among groups",
-)
-@click.option("--key", type=UTF8, help="idempotency key")
+@job_options
 def cmd_enqueue_cmd(ctx: Context) -> int:
     a = ctx.args
     argv = list(a.argv)
