@@ -23,16 +23,8 @@ from objq_broker import builders
 from objq_broker.builders import Delay, Delivery, JobOptions, heartbeat_interval
 from objq_broker.core import ClaimOptions, QueueCore, QueueOptions
 from objq_broker.engine.batch import EngineMetrics
+from objq_broker.model import ops
 from objq_broker.model.checks import checked_timeout, shown
-from objq_broker.model.ops import (
-    DeadLetters,
-    Expire,
-    GetConfig,
-    Op,
-    QueueNames,
-    Workers,
-    WriteBudget,
-)
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
 from objq_broker.model.values import QueueStats, StagedBodies, StagedRun
 from objq_broker.model.workers import Worker
@@ -90,7 +82,7 @@ class AsyncQueue:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _run(self, op: Op[T]) -> T:
+    async def _run(self, op: ops.Op[T]) -> T:
         return await asyncio.wrap_future(self.core.submit(op))
 
     async def _filled(self, jobs: list[Job]) -> list[Job]:
@@ -115,16 +107,16 @@ class AsyncQueue:
         return await self._run(builders.configure(queue, changes))
 
     async def config(self, queue: str) -> QueueConfig:
-        return await self._run(GetConfig(builders.queue_name(queue)))
+        return await self._run(ops.GetConfig(builders.queue_name(queue)))
 
     async def set_write_budget(self, writes_per_second: float | None) -> float | None:
         return await self._run(builders.set_write_budget(writes_per_second))
 
     async def workers(self) -> list[Worker]:
-        return await self._run(Workers())
+        return await self._run(ops.Workers())
 
     async def write_budget(self) -> float | None:
-        return await self._run(WriteBudget())
+        return await self._run(ops.WriteBudget())
 
     async def purge(self, queue: str) -> int:
         return await self._run(builders.purge(queue))
@@ -267,7 +259,7 @@ class AsyncQueue:
     # --- dead letters ----------------------------------------------------------------------
 
     async def dead_letters(self, queue: str) -> list[Job]:
-        return await self._filled(await self._run(DeadLetters(builders.queue_name(queue))))
+        return await self._filled(await self._run(ops.DeadLetters(builders.queue_name(queue))))
 
     async def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> list[str]:
         return await self._run(builders.retry_dead(queue, ids))
@@ -278,7 +270,7 @@ class AsyncQueue:
     # --- inspecting ------------------------------------------------------------------------
 
     async def queues(self) -> list[str]:
-        return await self._run(QueueNames())
+        return await self._run(ops.QueueNames())
 
     async def stats(self, queue: str) -> QueueStats:
         [found] = await self.stats_many([queue])
@@ -302,7 +294,7 @@ class AsyncQueue:
         return [(where, job) for (where, _), job in zip(rows, filled, strict=True)]
 
     async def expire(self) -> int:
-        return await self._run(Expire())
+        return await self._run(ops.Expire())
 
     def metrics(self) -> EngineMetrics:
         return self.core.committer.metrics

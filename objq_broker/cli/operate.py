@@ -121,6 +121,13 @@ def job_options(function: F) -> F:
     return function
 
 
+def dead_letters_chosen(function: F) -> F:
+    """A queue and which of its dead letters: IDs, or ``--all`` (:func:`_chosen_ids`)."""
+    function = click.option("--all", is_flag=True, help="all of the queue's dead letters")(function)
+    function = click.argument("ids", nargs=-1, metavar="[ID]...")(function)
+    return click.argument("queue")(function)
+
+
 @command(objq, "declare", "declare a queue")
 @click.argument("queue")
 @settings_options
@@ -382,9 +389,7 @@ def _chosen_ids(ctx: Context, what: str) -> list[str] | None:
 
 
 @command(dead, "retry", "move dead letters back to their queue")
-@click.argument("queue")
-@click.argument("ids", nargs=-1, metavar="[ID]...")
-@click.option("--all", is_flag=True, help="all of the queue's dead letters")
+@dead_letters_chosen
 def cmd_dead_retry(ctx: Context) -> int:
     ids = _chosen_ids(ctx, "retry")
     ctx.snapshot()
@@ -397,9 +402,7 @@ def cmd_dead_retry(ctx: Context) -> int:
 
 
 @command(dead, "purge", "delete dead letters (asks first)")
-@click.argument("queue")
-@click.argument("ids", nargs=-1, metavar="[ID]...")
-@click.option("--all", is_flag=True, help="all of the queue's dead letters")
+@dead_letters_chosen
 def cmd_dead_purge(ctx: Context) -> int:
     ids = _chosen_ids(ctx, "purge")
     snap = ctx.snapshot()

@@ -14,17 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from objq_broker.model.ops import (
-    Ack,
-    Claim,
-    Enqueue,
-    EnqueueRuns,
-    EnqueueStaged,
-    Expire,
-    Nack,
-    NoteOutcome,
-    Release,
-)
+from objq_broker.model import ops
 
 #: The job events counted, in the order they are reported.
 JOB_EVENTS = (
@@ -43,25 +33,25 @@ def job_events(op: object, result: Any) -> dict[str, int]:
     """The job events of ``op``, which committed with ``result``; empty for operations that
     change no job (declarations, reads, heartbeats, broker records)."""
     match op:
-        case Enqueue():
+        case ops.Enqueue():
             # A live idempotency key answers with the earlier job, whose id is not the new one.
             # (Not strict: counting must never fail a commit that landed.)
             pairs = zip(op.items, result, strict=False)
             return {"enqueued": sum(job.id == new.id for new, job in pairs)}
-        case EnqueueStaged() | EnqueueRuns():
+        case ops.EnqueueStaged() | ops.EnqueueRuns():
             return {"enqueued": result or 0}  # None: this write id was committed before
-        case Claim():
+        case ops.Claim():
             return {"claimed": len(result)}
-        case Ack(outcome="done"):
+        case ops.Ack(outcome="done"):
             return {"acked": 1}
-        case Ack():
+        case ops.Ack():
             return {"acked": 1, op.outcome: 1}
-        case NoteOutcome():
+        case ops.NoteOutcome():
             return {op.outcome: 1}
-        case Nack():
+        case ops.Nack():
             return {"dead_lettered": 1} if result == "dead" else {"retried": 1}
-        case Release():
+        case ops.Release():
             return {"released": sum(bool(done) for done in result)}
-        case Expire():
+        case ops.Expire():
             return {"expired": result}
     return {}
