@@ -23,7 +23,7 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -32,6 +32,8 @@ from objq_broker.cli.context import Context
 from objq_broker.errors import missing_extra
 
 Handler = Callable[[Context], int]
+#: A command's function, as click's decorators take and give it.
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: What the top-level help says after the commands.
 EPILOG = (

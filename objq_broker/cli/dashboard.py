@@ -18,8 +18,7 @@ import click
 
 from objq_broker.cli.commands import command, objq
 from objq_broker.cli.context import Context
-from objq_broker.cli.exporter import serve_until, stop_on_signals
-from objq_broker.cli.values import LISTEN
+from objq_broker.cli.exporter import listen_option, serve_until, stop_on_signals
 from objq_broker.errors import missing_extra
 
 #: Where ``objq dashboard`` serves unless ``--listen`` says otherwise.
@@ -29,13 +28,7 @@ _DASHBOARD_MODULES = frozenset({"starlette", "uvicorn", "jinja2", "prometheus_cl
 
 
 @command(objq, "dashboard", "a web UI of the store")
-@click.option(
-    "--listen",
-    type=LISTEN,
-    default=DEFAULT_LISTEN,
-    metavar="HOST:PORT",
-    help=f"where to serve ({DEFAULT_LISTEN}); other hosts need 0.0.0.0:PORT",
-)
+@listen_option(DEFAULT_LISTEN, "the pages")
 @click.option(
     "--token",
     help="allow retrying and purging dead letters after logging in with this token (default: "

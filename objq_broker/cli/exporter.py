@@ -18,12 +18,13 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Protocol
 
 import click
 
-from objq_broker.cli.commands import command, objq
+from objq_broker.cli.commands import F, command, objq
 from objq_broker.cli.context import Context
 from objq_broker.cli.values import LISTEN
 from objq_broker.errors import missing_extra
@@ -93,14 +94,19 @@ def serve_until(
     return 0
 
 
+def listen_option(default: str, what: str) -> Callable[[F], F]:
+    """``--listen HOST:PORT`` of a command that serves ``what`` over HTTP."""
+    return click.option(
+        "--listen",
+        type=LISTEN,
+        default=default,
+        metavar="HOST:PORT",
+        help=f"where to serve {what} ({default}); other hosts need 0.0.0.0:PORT",
+    )
+
+
 @command(objq, "exporter", "serve Prometheus metrics of the store")
-@click.option(
-    "--listen",
-    type=LISTEN,
-    default=DEFAULT_LISTEN,
-    metavar="HOST:PORT",
-    help=f"where to serve /metrics ({DEFAULT_LISTEN}); other hosts need 0.0.0.0:PORT",
-)
+@listen_option(DEFAULT_LISTEN, "/metrics")
 def cmd_exporter(ctx: Context) -> int:
     metrics = metrics_module("objq exporter")
     logging.basicConfig(format="objq exporter: %(message)s", level=logging.INFO)

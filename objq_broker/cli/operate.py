@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
@@ -16,6 +16,7 @@ from objq_broker import builders
 from objq_broker.cli import cmdjob
 from objq_broker.cli.commands import (
     CommandAfterDashes,
+    F,
     Handler,
     command,
     config,
@@ -88,10 +89,6 @@ def setting_value(name: str, raw: str) -> tuple[str, float | int | bool | None]:
 def _settings(ctx: Context) -> dict[str, float | int | bool | None]:
     given = {name: getattr(ctx.args, name.replace("-", "_"), None) for name in SETTINGS}
     return dict(setting_value(name, str(raw)) for name, raw in given.items() if raw is not None)
-
-
-#: A command's function, as click's decorators take and give it.
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def job_options(function: F) -> F:

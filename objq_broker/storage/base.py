@@ -182,6 +182,14 @@ class LocalStoreOps:
     def _where(self, key: str) -> str:
         raise NotImplementedError
 
+    def _key(self, key: str) -> str:
+        """``key``, checked (the error names where it was used)."""
+        return check_key(key, self._where(key))
+
+    def _prefix(self, prefix: str) -> str:
+        """``prefix``, checked as :meth:`_key` checks a key."""
+        return check_prefix(prefix, self._where(prefix))
+
     def read(self, key: str) -> Blob | None:
         raise NotImplementedError
 

@@ -46,8 +46,6 @@ from objq_broker.storage.base import (
     Listing,
     LocalStoreOps,
     ObjectMeta,
-    check_key,
-    check_prefix,
     check_write_mode,
     join_key,
 )
@@ -154,7 +152,7 @@ class FileStore(LocalStoreOps):
         return f"file store {str(self._root)!r}, key {key!r}"
 
     def _path(self, key: str) -> Path:
-        check_key(key, self._where(key))
+        self._key(key)
         return self._root / key
 
     def _translate(self, exc: OSError, key: str) -> StorageError:
@@ -336,7 +334,7 @@ class FileStore(LocalStoreOps):
 
     def _walk(self, prefix: str) -> _Paths:
         """(key, path) of every object whose key starts with ``prefix``, sorted by key."""
-        check_prefix(prefix, self._where(prefix))
+        self._prefix(prefix)
         # Walk only the folder the prefix names, not the whole tree.
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = self._root / folder
@@ -365,7 +363,7 @@ class FileStore(LocalStoreOps):
         """Report each object written or deleted directly under ``folder`` by any process on
         this host, as it happens (see :mod:`~objq_broker.storage.notify`); None where the
         kernel cannot tell, or while the folder does not exist."""
-        path = self._root / check_prefix(folder, self._where(folder)).strip("/")
+        path = self._root / self._prefix(folder).strip("/")
 
         def changed(name: str | None) -> None:
             on_change(None if name is None else join_key(folder.strip("/"), name))

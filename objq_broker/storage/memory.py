@@ -17,8 +17,6 @@ from objq_broker.storage.base import (
     Listing,
     LocalStoreOps,
     ObjectMeta,
-    check_key,
-    check_prefix,
     check_write_mode,
 )
 
@@ -47,7 +45,7 @@ class MemoryStore(LocalStoreOps):
         return f"memory store {self._name!r}, key {key!r}"
 
     def read(self, key: str) -> Blob | None:
-        check_key(key, self._where(key))
+        self._key(key)
         with self._lock:
             return self._objects.get(key)
 
@@ -55,7 +53,7 @@ class MemoryStore(LocalStoreOps):
         self, key: str, data: bytes, *, if_version: str | None = None, if_absent: bool = False
     ) -> str:
         where = self._where(key)
-        check_key(key, where)
+        self._key(key)
         check_write_mode(if_version, if_absent, where)
         with self._lock:
             current = self._objects.get(key)
@@ -73,18 +71,18 @@ class MemoryStore(LocalStoreOps):
             return version
 
     def delete(self, key: str) -> None:
-        check_key(key, self._where(key))
+        self._key(key)
         with self._lock:
             self._objects.pop(key, None)
             self._modified.pop(key, None)
 
     def list(self, prefix: str = "") -> list[str]:
-        check_prefix(prefix, self._where(prefix))
+        self._prefix(prefix)
         with self._lock:
             return sorted(k for k in self._objects if k.startswith(prefix))
 
     def list_meta(self, prefix: str = "") -> Listing:
-        check_prefix(prefix, self._where(prefix))
+        self._prefix(prefix)
         with self._lock:
             return [
                 ObjectMeta(key, len(blob.data), self._modified[key])
