@@ -87,7 +87,7 @@ def children() -> Iterator[Children]:
 
 
 #: Test folders whose tests must share one worker process when the suite runs with
-#: ``pytest -n 2 --dist loadgroup`` (the README's command): one Spark session for all Spark
+#: ``pytest -n 3 --dist loadgroup`` (the README's command): one Spark session for all Spark
 #: tests, and one download of each upstream suite's sdist.
 _SHARED_WORKER_FOLDERS = ("spark", "kombu_suite", "celery_suite", "dramatiq_suite")
 

@@ -29,7 +29,7 @@ import pytest
 from tests.support.counting_proxy import CountingProxy, Request
 from tests.support.idle_fleet import IdleFleet
 from tests.support.processes import Children
-from tests.support.servers import SEAWEEDFS_PORTS, create_s3_bucket, free_port, new_bucket_name
+from tests.support.servers import SEAWEEDFS_PORTS, create_s3_bucket, free_ports, new_bucket_name
 from tests.support.waiting import wait_for
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def signing_seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     }
     config.write_text(json.dumps({"identities": [identity]}))
     (workdir / "data").mkdir()
-    ports = {name: free_port() for name in SEAWEEDFS_PORTS}
+    ports = dict(zip(SEAWEEDFS_PORTS, free_ports(len(SEAWEEDFS_PORTS)), strict=True))
     binary = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
     command = [
         binary, "server", f"-dir={workdir / 'data'}", f"-s3.config={config}",

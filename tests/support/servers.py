@@ -8,6 +8,7 @@ broken emulator can never make a backend's tests quietly disappear.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -55,10 +56,20 @@ GCS_PROJECT = "objq-local"
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` different TCP ports on 127.0.0.1 that were free a moment ago. All are held
+    until the last is chosen: one at a time, the system may hand out a port it just gave
+    (a server given two equal ports fails to bind its second)."""
+    with contextlib.ExitStack() as held:
+        ports: list[int] = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+        return ports
 
 
 def new_bucket_name() -> str:
@@ -200,7 +211,7 @@ def start_seaweedfs() -> SeaweedFS:
     failures: list[str] = []
     for attempt in range(SEAWEEDFS_START_ATTEMPTS):
         workdir = Path(tempfile.mkdtemp(prefix="objq-seaweedfs-"))
-        ports = {name: free_port() for name in SEAWEEDFS_PORTS}
+        ports = dict(zip(SEAWEEDFS_PORTS, free_ports(len(SEAWEEDFS_PORTS)), strict=True))
         log = (workdir / "weed.log").open("wb")
         data = workdir / "data"
         data.mkdir()
