@@ -342,7 +342,11 @@ def test_both_url_forms_reach_the_same_store(store_url: str) -> None:
         ("objq+file:///tmp/x", {"url": "file:///tmp/y"}, "both in the broker URL"),
         ("objq+file:///tmp/x", {"visibilty_timeout": 5}, "unknown broker_transport_options"),
         ("objq+file:///tmp/x", {"visibility_timeout": 0}, "positive number"),
-        ("objq+file:///tmp/x", {"visibility_timeout": 3, "heartbeat_interval": 3}, "shorter"),
+        (
+            "objq+file:///tmp/x",
+            {"visibility_timeout": 3, "heartbeat_interval": 3},
+            "less than visibility_timeout",
+        ),
         ("objq+file:///tmp/x", {"store_options": "fsync"}, "store_options must be a dict"),
         ("objq+bogus://bucket", {}, "unknown scheme"),
         ("objq+file:///tmp/x;objq+file:///tmp/y", {}, "failover URLs"),
