@@ -156,23 +156,6 @@ def _widen_redis_checks(sdist: Path, top: str, root: Path) -> None:
 # --- running the suite -------------------------------------------------------------------------
 
 
-def run_suite(
-    root: Path,
-    module: str,
-    broker_url: str,
-    backend_url: str,
-    report_path: Path,
-    *,
-    shard: tuple[int, int] | None = None,
-    extra_args: list[str] | None = None,
-) -> upstream_sdist.SuiteRun:
-    """Run one of ``MODULES`` with objq as Celery's broker and result backend; ``shard`` =
-    ``(k, n)`` runs the k-th of n shares of its tests."""
-    return start_suite(
-        root, module, broker_url, backend_url, report_path, shard=shard, extra_args=extra_args
-    ).finish()
-
-
 @dataclass
 class StartedRun:
     """A run of one module (or share) started in the background: ``finish`` waits for it."""
@@ -238,8 +221,8 @@ def start_suite(
     shard: tuple[int, int] | None = None,
     extra_args: list[str] | None = None,
 ) -> StartedRun:
-    """Start a run of ``module`` (or of its share ``shard``) in the background, as
-    :func:`run_suite` describes."""
+    """Start a run of one of ``MODULES`` (or of its share ``shard``: the k-th of n) in the
+    background, with objq as Celery's broker and result backend."""
     command = [
         sys.executable, "-m", "pytest", module,
         "-c", str(root / "pytest.ini"), "--rootdir", str(root),
@@ -319,9 +302,9 @@ def main(argv: list[str] | None = None) -> int:
             broker_url = args.broker_url or f"objq+{(Path(scratch) / 'store').as_uri()}"
             backend_url = args.backend_url or f"objq+{(Path(scratch) / 'results').as_uri()}"
             report = Path(scratch) / "report.json"
-            run = run_suite(
+            run = start_suite(
                 root, module, broker_url, backend_url, report, extra_args=args.pytest_args
-            )
+            ).finish()
         print(run.output)
         runs.append(run)
     for run in runs:

@@ -75,6 +75,35 @@ def greeted(folder: Path) -> int:
     return sum(path.read_text(errors="replace").count("Hello, ") for path in folder.glob("*.log"))
 
 
+def start_on_both_hosts(  # noqa: PLR0917 (the page's parts and the test's)
+    children: Children,
+    folder: Path,
+    url: str,
+    hosts: list[Host],
+    files: list[Block],
+    command: str,
+) -> tuple[Host, dict[str, str], str]:
+    """Start the page's worker ``command`` on host a with the first environment file, wait
+    until it serves as the broker at the address and port the page gives it, then start it
+    on host b with the second: host b, its environment, and where the broker serves."""
+    a, b = hosts
+    env_a, env_b = host_env(folder, url, a, files[0]), host_env(folder, url, b, files[1])
+    port = env_a["OBJQ_BROKER_LISTEN"].rsplit(":", 1)[1]
+    children.start(
+        a.command(["sh", "-c", command]), env=env_a, cwd=folder, log=folder / "a.log", group=True
+    )
+    wait_for(
+        lambda: broker_address(url) == f"{a.address}:{port}",
+        TIMEOUT_SECONDS,
+        "host a's worker to serve at its advertised address",
+        progress=lambda: broker_address(url),
+    )
+    children.start(
+        b.command(["sh", "-c", command]), env=env_b, cwd=folder, log=folder / "b.log", group=True
+    )
+    return b, env_b, f"{a.address}:{port}"
+
+
 def test_the_two_host_dramatiq_example_shares_one_broker_across_the_hosts(
     tmp_path: Path, hosts: list[Host], children: Children
 ) -> None:
@@ -87,23 +116,9 @@ def test_the_two_host_dramatiq_example_shares_one_broker_across_the_hosts(
     url = (tmp_path / "store").as_uri()
     small = re.sub(r"--processes \d+ --threads \d+", "--processes 2 --threads 2", command)
 
-    a, b = hosts
-    env_a, env_b = host_env(tmp_path, url, a, files[0]), host_env(tmp_path, url, b, files[1])
-    port = env_a["OBJQ_BROKER_LISTEN"].rsplit(":", 1)[1]
-    # Given the worker of host a, elected: it serves on the page's port, at its address
-    children.start(
-        a.command(["sh", "-c", small]), env=env_a, cwd=tmp_path, log=tmp_path / "a.log", group=True
-    )
-    wait_for(
-        lambda: broker_address(url) == f"{a.address}:{port}",
-        TIMEOUT_SECONDS,
-        "host a's worker to serve at its advertised address",
-        progress=lambda: broker_address(url),
-    )
-    # When host b's worker starts and a producer on host b sends messages
-    children.start(
-        b.command(["sh", "-c", small]), env=env_b, cwd=tmp_path, log=tmp_path / "b.log", group=True
-    )
+    # Given the worker of host a, elected: it serves on the page's port, at its address;
+    # when host b's worker starts and a producer on host b sends messages
+    b, env_b, served_at = start_on_both_hosts(children, tmp_path, url, hosts, files, small)
     send = f"import app\nfor n in range({SENT}):\n    app.greet.send(f'reader {{n}}')\n"
     subprocess.run(
         b.command([sys.executable, "-c", send]),
@@ -120,7 +135,7 @@ def test_the_two_host_dramatiq_example_shares_one_broker_across_the_hosts(
         "every message to run",
         progress=lambda: greeted(tmp_path),
     )
-    assert broker_address(url) == f"{a.address}:{port}"
+    assert broker_address(url) == served_at
     assert clients(url) >= 2, "host b's worker and producer did not commit through the broker"
     b_log = (tmp_path / "b.log").read_text(errors="replace")
     assert "commits directly" not in b_log, b_log[-2000:]
@@ -141,23 +156,9 @@ def test_the_two_host_celery_example_serves_a_prefork_fleet_from_one_broker(
         app.text.replace("objq+s3://my-bucket/jobs", f"objq+{url}"), encoding="utf-8"
     )
     small = re.sub(r"--concurrency \d+", "--concurrency 2", command)
-    a, b = hosts
-    env_a, env_b = host_env(tmp_path, url, a, files[0]), host_env(tmp_path, url, b, files[1])
-    port = env_a["OBJQ_BROKER_LISTEN"].rsplit(":", 1)[1]
-    # Given a prefork worker on host a, elected
-    children.start(
-        a.command(["sh", "-c", small]), env=env_a, cwd=tmp_path, log=tmp_path / "a.log", group=True
-    )
-    wait_for(
-        lambda: broker_address(url) == f"{a.address}:{port}",
-        TIMEOUT_SECONDS,
-        "host a's worker to serve at its advertised address",
-        progress=lambda: broker_address(url),
-    )
-    # When a prefork worker on host b starts and a producer on host b calls tasks
-    children.start(
-        b.command(["sh", "-c", small]), env=env_b, cwd=tmp_path, log=tmp_path / "b.log", group=True
-    )
+    # Given a prefork worker on host a, elected; when a prefork worker on host b starts and a
+    # producer on host b calls tasks
+    b, env_b, served_at = start_on_both_hosts(children, tmp_path, url, hosts, files, small)
     call = (
         "import tasks\n"
         f"results = [tasks.add.delay(n, n) for n in range({SENT})]\n"
@@ -174,7 +175,7 @@ def test_the_two_host_celery_example_serves_a_prefork_fleet_from_one_broker(
     )
     # Then every result comes back, and host b's processes went through host a's broker
     assert done.stdout.strip() == str(sum(2 * n for n in range(SENT)))
-    assert broker_address(url) == f"{a.address}:{port}"
+    assert broker_address(url) == served_at
     assert clients(url) >= 2, "host b's worker and producer did not commit through the broker"
     b_log = (tmp_path / "b.log").read_text(errors="replace")
     assert "commits directly" not in b_log, b_log[-2000:]

@@ -77,8 +77,15 @@ def reader_env(folder: Path) -> dict[str, str]:
 def run_python(block: Block, folder: Path, name: str) -> str:
     script = folder / name
     script.write_text(block.text, encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, script.name],
+    done = run_in(folder, [sys.executable, script.name])
+    assert done.returncode == 0, f"the example at line {block.line} failed:\n{done.stderr}"
+    return done.stdout
+
+
+def run_in(folder: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``argv`` run in ``folder`` with a reader's environment, its output captured."""
+    return subprocess.run(
+        argv,
         cwd=folder,
         env=reader_env(folder),
         capture_output=True,
@@ -86,8 +93,6 @@ def run_python(block: Block, folder: Path, name: str) -> str:
         timeout=EXAMPLE_TIMEOUT_SECONDS,
         check=False,
     )
-    assert done.returncode == 0, f"the example at line {block.line} failed:\n{done.stderr}"
-    return done.stdout
 
 
 def assert_shows(want: str, got: str, line: int) -> None:
@@ -143,15 +148,7 @@ def run_commands(
                 EXAMPLE_TIMEOUT_SECONDS,
                 f"the worker to consume {before_foreground!r}",
             )
-        done = subprocess.run(
-            ["sh", "-c", command],
-            cwd=folder,
-            env=reader_env(folder),
-            capture_output=True,
-            text=True,
-            timeout=EXAMPLE_TIMEOUT_SECONDS,
-            check=False,
-        )
+        done = run_in(folder, ["sh", "-c", command])
         assert done.returncode == 0, f"{command!r} failed:\n{done.stderr}"
         printed.append(done.stdout)
     return "".join(printed)
