@@ -192,7 +192,7 @@ def iter_archive(
 
 
 #: Outcomes from best to worst: a job counts with the worst one its records say (a framework
-#: may note "failed" on a job acked "done"), as ``objq report`` counts them.
+#: may note "failed" on a job acked "done"); ``objq status`` and ``objq report`` both rank so.
 OUTCOME_RANKS: dict[str, int] = {"done": 0, "retried": 1, "failed": 2, "dead": 3}
 
 

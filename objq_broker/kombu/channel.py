@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from objq_broker.kombu import Transport
 
 log = logging.getLogger("objq_broker.kombu")
+#: The message property a job's group is taken from: kombu's SQS transport reads the same one.
+GROUP_PROPERTY = "MessageGroupId"
 
 #: Why a message rejected without requeue is dead-lettered (kept with the dead letter).
 REJECTED = "rejected by the consumer (requeue=False)"
@@ -114,7 +116,7 @@ class Channel(DeclaringChannel):
         routed = bool(properties.get("delivery_info", {}).get("exchange"))
         # The property kombu's SQS transport sends as the message group: a Celery task sent
         # with apply_async(..., MessageGroupId="tenant-42") names its tenant the same way here.
-        group = properties.get("MessageGroupId")
+        group = properties.get(GROUP_PROPERTY)
         names = list(queues)
         futures = [
             self.client.submit(

@@ -28,14 +28,11 @@ from typing import Any
 from celery import Task
 
 from objq_broker.errors import ConfigurationError
+from objq_broker.kombu.channel import GROUP_PROPERTY
 
 #: What ``message_group`` may be: a group name, a function of a call's (args, kwargs) that
 #: returns one (or None: no group), or None (the task's messages name no group).
 MessageGroup = str | Callable[[Sequence[Any], Mapping[str, Any]], str | None] | None
-
-#: The message property the transport takes a job's group from (kombu's SQS transport reads
-#: the same one).
-GROUP_PROPERTY = "MessageGroupId"
 
 
 class GroupedTask(Task):  # type: ignore[misc]  # (celery is not annotated)

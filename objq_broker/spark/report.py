@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from objq_broker.engine.archive import OUTCOME_RANKS
 from objq_broker.engine.options import URL_ENV
 from objq_broker.errors import ConfigurationError, redacted
 from objq_broker.model.durations import parse_time
@@ -140,7 +141,11 @@ def summarise(
             F.timestamp_seconds(F.floor(F.col("finished_at").cast("double") / size) * size).alias(
                 "bucket"
             ),
-            *[(outcome == rank).cast("int").alias(name) for name, rank in _RANKS.items() if rank],
+            *[
+                (outcome == rank).cast("int").alias(name)
+                for name, rank in OUTCOME_RANKS.items()
+                if rank
+            ],
             (F.col("started_at").cast("double") - F.col("enqueued_at").cast("double")).alias(
                 "wait"
             ),
@@ -160,8 +165,6 @@ def summarise(
     return buckets, tasks
 
 
-#: Outcomes from best to worst: a job counts with the worst one its records say.
-_RANKS = {"done": 0, "retried": 1, "failed": 2, "dead": 3}
 #: Outcomes a framework may note on a job after its own record was written.
 RUN_NOTES = ("failed", "retried")
 #: Counted per job, besides done.
@@ -172,7 +175,7 @@ def _rank(column: str) -> Any:
     from pyspark.sql import functions as F
 
     ranked = F.lit(0)
-    for name, rank in _RANKS.items():
+    for name, rank in OUTCOME_RANKS.items():
         ranked = F.when(F.col(column) == name, F.lit(rank)).otherwise(ranked)
     return ranked
 

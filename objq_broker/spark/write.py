@@ -346,7 +346,7 @@ class _Stager:
                 ref, data = build_run(f"{name}.{kind}.json", plan.queue, kind, jobs)
                 last = ref.last or ref.next
                 # A ready run names its groups' counts; a timed run's jobs enter the head.
-                groups = Counter(job.group for job in jobs if job.group and kind == "ready")
+                groups = Counter(job.group for job in jobs if job.group) if kind == "ready" else {}
                 staged = StagedRun(
                     ref.key,
                     bodies,
