@@ -14,7 +14,6 @@ import os
 import random
 import socket
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,6 +37,7 @@ from objq_broker.model.checks import (
     cut_text,
     shown,
 )
+from objq_broker.model.ids import new_id
 from objq_broker.model.ops import (
     Ack,
     Claim,
@@ -291,7 +291,7 @@ def enqueue(
             checked({"queue": args.queue, "group": group}, _EnqueueArgs, where)
         items.append(
             NewJob(
-                uuid.uuid4().hex,
+                new_id(),
                 args.queue,
                 body,
                 b64,
@@ -324,7 +324,7 @@ def enqueue_staged(
         )
     items = [checked(msgspec.structs.asdict(item), StagedBodies, where) for item in staged]
     total = sum(item.count for item in items)
-    base = uuid.uuid4().hex[:20]  # ids made before submitting: a replay is identical
+    base = new_id()[:20]  # ids made before submitting: a replay is identical
     ids = [f"{base}{n:012x}" for n in range(total)]
     return EnqueueStaged(
         args.queue,
@@ -372,7 +372,7 @@ def claim(
         where,
     )
     # One random base per claim: a delay-queue consumer may ask for thousands at a time.
-    base = uuid.uuid4().hex
+    base = new_id()
     tokens = [f"{base}.{i}" for i in range(args.n)]
     return Claim(args.queues, tokens, args.owner, args.lease, strict, ordered=bool(ordered))
 

@@ -6,11 +6,11 @@ their jobs. The runs the batch needs are read before
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Any
 
 from objq_broker.engine.batch import Attempt, Pending, StandingClaims
 from objq_broker.errors import ObjqError
+from objq_broker.model.ids import new_id
 from objq_broker.model.ops import Op, runs_needed
 from objq_broker.model.records import KeyRunRef, RunRef
 from objq_broker.model.state import QueueState
@@ -38,7 +38,7 @@ def apply_batch(
         joined = _join_waiting_claims(state, standing, ops, results, before=before, now=now)
         if not joined:
             return None
-    return Attempt(uuid.uuid4().hex, results, finished=list(state.finished), expired=expired)
+    return Attempt(new_id(), results, finished=list(state.finished), expired=expired)
 
 
 def _apply_one(state: QueueState, op: Pending, now: float, results: Results) -> bool:

@@ -76,26 +76,41 @@ def plan_archive(
     commit_id: str,
     now: float,
     tail_bytes: int = DEFAULT_ARCHIVE_TAIL_BYTES,
+    *,
+    held_bytes: int | None = None,
 ) -> ArchivePlan | None:
     """Where commit ``commit_id`` at ``now`` puts ``records``: in the state's tail, or, with
     the tail, in an object once they reach ``tail_bytes``. A tail from an earlier hour is
     written out first, to its own hour's folder, so an object never spans two hours. None:
-    nothing to do, the tail stays as it is (a commit that finishes no job, within its hour)."""
-    same_hour = tail is not None and floor_hour(tail.since) == floor_hour(now)
+    nothing to do, the tail stays as it is (a commit that finishes no job, within its hour).
+    ``held_bytes``: the size of ``tail`` encoded, when the caller knows it (a commit that
+    finishes one job then encodes that job's record, not the whole tail again)."""
+    same_hour = tail is not None and _hour(tail.since) == _hour(now)
     if not records and (tail is None or (same_hour and tail_bytes > 0)):
         return None
     objects: list[tuple[str, list[ArchiveRecord]]] = []
     if tail is not None and not same_hour:
         objects.append((archive_key(commit_id, tail.since), tail.records))
         tail = None
+    if tail is None:
+        held_bytes = 0
+    elif held_bytes is None:
+        held_bytes = len(encode_archive(tail.records))
     held = [*(tail.records if tail is not None else []), *records]
     since = tail.since if tail is not None else now
-    size = len(encode_archive(held))
+    # One line per record: the size of the lines is the sum of the lines' sizes.
+    size = held_bytes + len(encode_archive(records))
     if not held or size >= tail_bytes:
         if held:
             objects.append((archive_key(commit_id, since), held))
         return ArchivePlan(objects, None)
     return ArchivePlan(objects, ArchiveTail(since=since, records=held), size)
+
+
+def _hour(at: float) -> int:
+    """The UTC hour ``at`` falls in, counted from the epoch (UTC has no daylight saving, and
+    POSIX time no leap seconds): what :func:`floor_hour` says, without building a datetime."""
+    return int(at // 3600)
 
 
 def key_hour(key: str) -> datetime:

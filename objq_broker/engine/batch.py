@@ -4,10 +4,11 @@ broker parks at its engine, and the counters every engine keeps."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Collection, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from objq_broker.engine.timings import Durations
 from objq_broker.model.ops import Op
@@ -89,19 +90,80 @@ class EngineMetrics:
         self.count({name: getattr(other, name) for name in JOB_EVENTS})
 
 
+T = TypeVar("T")
+
+
+class Settles(Protocol):
+    """What the commit loop does with the future of a pending operation: a
+    :class:`~concurrent.futures.Future`'s, or a :class:`Waiter`'s."""
+
+    def set_running_or_notify_cancel(self) -> bool: ...
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Any) -> None: ...
+
+    def set_exception(self, exception: BaseException | None) -> None: ...
+
+
+class Waiter(Generic[T]):
+    """What a caller blocked on its own operation (``Engine.call``) waits on: the part of a
+    :class:`~concurrent.futures.Future` the commit loop uses, on one lock. A future's
+    condition, with its re-entrant lock, waiter list and callbacks, cost more per operation
+    than the operation's share of a commit, with fifty threads calling. One thread waits, one
+    settles it, once; it cannot be cancelled."""
+
+    __slots__ = ("_done", "_error", "_settled", "_value")
+
+    def __init__(self) -> None:
+        self._settled = threading.Lock()
+        self._settled.acquire()  # released once settled: the waiter's acquire returns then
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def set_running_or_notify_cancel(self) -> bool:
+        return True
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: Any) -> None:
+        self._value = result
+        self._settle()
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._error = exception
+        self._settle()
+
+    def _settle(self) -> None:
+        if self._done:
+            raise InvalidStateError("an operation's outcome was settled twice")
+        self._done = True
+        self._settled.release()
+
+    def result(self) -> T:
+        """The outcome, once settled (raised if it is an error)."""
+        self._settled.acquire()
+        self._settled.release()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[no-any-return]
+
+
 @dataclass(slots=True)
 class Pending:
     """An operation waiting in (or taken into) a batch, with the future its caller waits on."""
 
     op: Op[Any]
-    future: Future[Any]
+    future: Settles
     fresh: bool
     latest: bool
     size: int
     consumer: bool
 
     @classmethod
-    def of(cls, op: Op[Any], future: Future[Any]) -> Pending:
+    def of(cls, op: Op[Any], future: Settles) -> Pending:
         """``op`` as a batch holds it: its class says how fresh the state must be (``fresh``
         for claims, ``latest`` for inspection) and whether its caller consumes."""
         return cls(op, future, op.fresh or op.latest, op.latest, op.size, op.consumer)

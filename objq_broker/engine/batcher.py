@@ -48,6 +48,7 @@ class Batcher(Generic[P]):
         self._taken = 0  # items of the batch being worked on
         self._callers = 0  # most items pending or being worked on since the last batch left
         self._expected = 0  # ... as of the last batch done: how many the next one waits for
+        self._want = 1  # pending items that wake the worker: more while it lingers
 
     def add(self, item: P) -> None:
         """Queue ``item`` for the next batch and wake the worker (starting it, the first time).
@@ -55,7 +56,9 @@ class Batcher(Generic[P]):
         self.pending.append(item)
         self._callers = max(self._callers, len(self.pending) + self._taken)
         self._start()
-        self.cv.notify()
+        if len(self.pending) >= self._want:
+            # A lingering worker is woken once, when its batch is full, not by every item.
+            self.cv.notify()
 
     def take_alone(self, item: P) -> bool:
         """Let the caller work on ``item`` itself, as a batch of one, when nothing else is
@@ -93,11 +96,15 @@ class Batcher(Generic[P]):
         released), or until closing. Call holding :attr:`cv`."""
         want = self._expected if target is None else target
         end = time.monotonic() + span
-        while len(self.pending) < want and not self.closing:
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                return
-            self.cv.wait(remaining)
+        self._want = max(want, 1)
+        try:
+            while len(self.pending) < want and not self.closing:
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    return
+                self.cv.wait(remaining)
+        finally:
+            self._want = 1
 
     @property
     def full(self) -> bool:

@@ -62,6 +62,7 @@ from objq_broker.engine.batch import (
     Readiness,
     ReadyMark,
     StandingClaims,
+    Waiter,
 )
 from objq_broker.engine.batcher import Batcher
 from objq_broker.engine.bodies import BodyCache
@@ -213,7 +214,7 @@ class Engine:
         nothing else is pending or committing, the caller commits it in its own thread:
         there is no batch to form, and handing it to the writer thread and back would cost
         two thread switches."""
-        future: Future[T] = Future()
+        future: Waiter[T] = Waiter()
         pending = Pending.of(op, future)
         with self._batcher.cv:
             self._check_open()

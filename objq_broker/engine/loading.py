@@ -212,12 +212,14 @@ class StateCache:
         """Read the runs ``ops`` may take from or look into, so the model stays pure. The
         cache keeps the runs read last (runs never change), up to :data:`RUN_CACHE_SIZE`
         besides those this batch needs."""
-        needed = runs_needed(state, [op.op for op in ops], now)
+        # A head that refers to no run needs none read (what the batch adds is written after).
+        needed = runs_needed(state, [op.op for op in ops], now) if state.doc.has_runs() else []
         keep = {ref.key for _, ref in needed}
         for cache in (self._runs, self._key_runs):
-            spare = [k for k in cache if k not in keep]
-            for key in spare[: max(len(cache) - RUN_CACHE_SIZE, 0)]:
-                del cache[key]  # the oldest read first
+            if len(cache) > RUN_CACHE_SIZE:
+                spare = [k for k in cache if k not in keep]
+                for key in spare[: len(cache) - RUN_CACHE_SIZE]:
+                    del cache[key]  # the oldest read first
         missing, broken = read_runs(self.store, state, needed) if needed else ([], {})
         state.unreadable_runs = _check_staged(self.store, ops)
         for key, reason in broken.items():

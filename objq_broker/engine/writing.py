@@ -27,7 +27,13 @@ from objq_broker.errors import ObjqError
 from objq_broker.model.bodies import BODIES_PREFIX, bodies_key, encode_bodies
 from objq_broker.model.checks import STAGING_PREFIX
 from objq_broker.model.encoding import check_encoded, encode_archive
-from objq_broker.model.records import RECENT_COMMITS, ArchiveRecord, Job, StateDoc
+from objq_broker.model.records import (
+    RECENT_COMMITS,
+    ArchiveRecord,
+    ArchiveTail,
+    Job,
+    StateDoc,
+)
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs, run_key
 from objq_broker.model.state import QueueState
 from objq_broker.storage.base import ObjectStore
@@ -90,7 +96,8 @@ class TryWriter:
                 older_than=gc_older_than_seconds,
             )
         )
-        self._tail_bytes = 0  # size of the archive tail the state held as last written
+        self._tail_bytes = 0  # size of the archive tail the state held as last written:
+        self._tail: ArchiveTail | None = None  # ... this one (a state read again has another)
         self._next_run_sweep = float("-inf")  # monotonic time to look for orphan runs again
         #: This batch's tries whose state write failed: any one of them may yet have landed.
         self._failed_tries: list[Attempt] = []
@@ -115,12 +122,16 @@ class TryWriter:
         """The failed try of this batch whose commit ``state`` holds, if one landed after all.
         (While none has, what they wrote ahead is kept: the next try re-applies the same ops
         and usually writes the very same archive and bodies.)"""
+        if not self._failed_tries:
+            return None
         recent = set(state.doc.recent_commits)
         return next((a for a in self._failed_tries if a.commit_id in recent), None)
 
     def settled(self, landed: Attempt) -> None:
         """``landed`` is the try whose state is stored: delete what the batch's other tries
         wrote ahead of theirs (none of them can land on top of it)."""
+        if not self._failed_tries:
+            return
         kept = set(landed.written)
         orphans = {key for a in self._failed_tries for key in a.written} - kept
         for key in sorted(orphans):
@@ -182,12 +193,18 @@ class TryWriter:
             ArchiveRecord(f.outcome, attempt.commit_id, self._inline(f.job))
             for f in attempt.finished
         ]
+        tail = doc.archive_tail
         plan = plan_archive(
-            doc.archive_tail, records, attempt.commit_id, now, self.archive_tail_bytes
+            tail,
+            records,
+            attempt.commit_id,
+            now,
+            self.archive_tail_bytes,
+            held_bytes=self._tail_bytes if tail is self._tail and tail is not None else None,
         )
         if plan is None:
             return
-        doc.archive_tail = plan.tail
+        doc.archive_tail = self._tail = plan.tail
         self._tail_bytes = plan.tail_bytes
         for planned, held in plan.objects:
             content = [(r.outcome, r.job.id) for r in held]
@@ -199,16 +216,18 @@ class TryWriter:
 
     def _after_write(self, state: QueueState) -> None:
         """Forget and delete what the landed commit freed, and plan what comes next."""
-        unused, state.unused_bodies = state.unused_bodies, []
-        for key in unused:
-            self.bodies.forget(key)
-        self._janitor.delete(_ours(unused, BODIES_PREFIX), "unused bodies object")
-        consumed, state.unused_runs = state.unused_runs, []
-        self._cache.forget_runs(consumed)
-        self._janitor.delete(_ours(consumed, RUNS_PREFIX), "consumed run")
+        if state.unused_bodies:
+            unused, state.unused_bodies = state.unused_bodies, []
+            for key in unused:
+                self.bodies.forget(key)
+            self._janitor.delete(_ours(unused, BODIES_PREFIX), "unused bodies object")
+        if state.unused_runs:
+            consumed, state.unused_runs = state.unused_runs, []
+            self._cache.forget_runs(consumed)
+            self._janitor.delete(_ours(consumed, RUNS_PREFIX), "consumed run")
         self._unbind_removed(state)
         self._sweep(state)
-        if self.spill_at is not None:
+        if self.spill_at is not None and state.doc.has_runs():
             self._merge_reads.plan(state, self._cache.runs)
 
     def _unbind_removed(self, state: QueueState) -> None:
@@ -251,11 +270,13 @@ class TryWriter:
         """Merge small runs and spill (when on), and write the runs this commit made: before
         the head, which must never refer to a run that is not stored. A try that did not land
         leaves them as orphans, deleted once a later try lands."""
-        if self.spill_at is not None:
+        if self.spill_at is not None and (state.doc.has_runs() or state.may_spill(self.spill_at)):
             key_for = functools.partial(run_key, state.doc.version, attempt.commit_id)
             self._merge_reads.hand_over(self._cache.runs)
             self.metrics.runs_merged += state.merge_runs(key_for, self.run_jobs, MERGE_AT)
             state.spill(self.spill_at, key_for, run_jobs=self.run_jobs)
+        if not state.new_runs:
+            return
         for key, data in state.new_runs:
             self.store.write(key, data, if_absent=True)
             self._wrote(attempt, key, ("run", key))

@@ -218,6 +218,12 @@ class QueueState:
             n += leases.LOADS_PER_CLAIMED_JOB * n
         return self.backlog.runs_to_claim(queue, n)
 
+    def may_spill(self, bound: int) -> bool:
+        """Whether :meth:`spill` past ``bound`` could find anything to move: a queue's jobs,
+        dead letters or idempotency keys past it. False is cheap and certain: the head holds
+        no more than ``bound`` of any of them, all queues together."""
+        return len(self.index.jobs) > bound or len(self.dead) > bound or len(self.doc.keys) > bound
+
     def runs_to_merge(self, run_jobs: int, at_least: int) -> list[tuple[str, RunRef]]:
         return self.backlog.runs_to_merge(run_jobs, at_least)
 
