@@ -66,8 +66,8 @@ class ArchivePlan:
     objects: list[tuple[str, list[ArchiveRecord]]]
     #: The tail the state keeps afterwards.
     tail: ArchiveTail | None
-    #: Its size, encoded as an object's lines.
-    tail_bytes: int = 0
+    #: Its records encoded as an object's lines.
+    lines: bytes = b""
 
 
 def plan_archive(
@@ -77,13 +77,13 @@ def plan_archive(
     now: float,
     tail_bytes: int = DEFAULT_ARCHIVE_TAIL_BYTES,
     *,
-    held_bytes: int | None = None,
+    held_lines: bytes | None = None,
 ) -> ArchivePlan | None:
     """Where commit ``commit_id`` at ``now`` puts ``records``: in the state's tail, or, with
     the tail, in an object once they reach ``tail_bytes``. A tail from an earlier hour is
     written out first, to its own hour's folder, so an object never spans two hours. None:
     nothing to do, the tail stays as it is (a commit that finishes no job, within its hour).
-    ``held_bytes``: the size of ``tail`` encoded, when the caller knows it (a commit that
+    ``held_lines``: ``tail``'s records encoded, when the caller kept them (a commit that
     finishes one job then encodes that job's record, not the whole tail again)."""
     same_hour = tail is not None and _hour(tail.since) == _hour(now)
     if not records and (tail is None or (same_hour and tail_bytes > 0)):
@@ -93,18 +93,17 @@ def plan_archive(
         objects.append((archive_key(commit_id, tail.since), tail.records))
         tail = None
     if tail is None:
-        held_bytes = 0
-    elif held_bytes is None:
-        held_bytes = len(encode_archive(tail.records))
+        held_lines = b""
+    elif held_lines is None:
+        held_lines = encode_archive(tail.records)
     held = [*(tail.records if tail is not None else []), *records]
     since = tail.since if tail is not None else now
-    # One line per record: the size of the lines is the sum of the lines' sizes.
-    size = held_bytes + len(encode_archive(records))
-    if not held or size >= tail_bytes:
+    lines = held_lines + encode_archive(records)  # one line per record: they add up
+    if not held or len(lines) >= tail_bytes:
         if held:
             objects.append((archive_key(commit_id, since), held))
         return ArchivePlan(objects, None)
-    return ArchivePlan(objects, ArchiveTail(since=since, records=held), size)
+    return ArchivePlan(objects, ArchiveTail(since=since, records=held), lines)
 
 
 def _hour(at: float) -> int:

@@ -30,9 +30,7 @@ from objq_broker.model.encoding import check_encoded, encode_archive
 from objq_broker.model.records import (
     RECENT_COMMITS,
     ArchiveRecord,
-    ArchiveTail,
     Job,
-    StateDoc,
 )
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs, run_key
 from objq_broker.model.state import QueueState
@@ -96,8 +94,7 @@ class TryWriter:
                 older_than=gc_older_than_seconds,
             )
         )
-        self._tail_bytes = 0  # size of the archive tail the state held as last written:
-        self._tail: ArchiveTail | None = None  # ... this one (a state read again has another)
+        self._tail_bytes = 0  # size of the archive tail the state held as last written
         self._next_run_sweep = float("-inf")  # monotonic time to look for orphan runs again
         #: This batch's tries whose state write failed: any one of them may yet have landed.
         self._failed_tries: list[Attempt] = []
@@ -159,7 +156,7 @@ class TryWriter:
         self._write_bodies(state, attempt)
         self._write_runs(state, attempt)
         if self.archive and (attempt.finished or doc.archive_tail is not None):
-            self._write_archive(doc, attempt, now)
+            self._write_archive(state, attempt, now)
         data = state.encode()
         check_encoded(data, f"state {self.store.url}/{self._cache.key}")
         try:
@@ -185,7 +182,7 @@ class TryWriter:
             if key not in kept:
                 self._janitor.delete_now(key, "object of a try refused as too large")
 
-    def _write_archive(self, doc: StateDoc, attempt: Attempt, now: float) -> None:
+    def _write_archive(self, state: QueueState, attempt: Attempt, now: float) -> None:
         """Put the records of the jobs this commit finishes in the state's archive tail, and
         write the archive objects its plan calls for (:func:`plan_archive`). Before the state:
         a job leaves the state only once its record is stored, here or in the state itself."""
@@ -193,19 +190,18 @@ class TryWriter:
             ArchiveRecord(f.outcome, attempt.commit_id, self._inline(f.job))
             for f in attempt.finished
         ]
-        tail = doc.archive_tail
         plan = plan_archive(
-            tail,
+            state.doc.archive_tail,
             records,
             attempt.commit_id,
             now,
             self.archive_tail_bytes,
-            held_bytes=self._tail_bytes if tail is self._tail and tail is not None else None,
+            held_lines=state.archive_lines(),
         )
         if plan is None:
             return
-        doc.archive_tail = self._tail = plan.tail
-        self._tail_bytes = plan.tail_bytes
+        state.set_archive_tail(plan.tail, plan.lines)
+        self._tail_bytes = len(plan.lines)
         for planned, held in plan.objects:
             content = [(r.outcome, r.job.id) for r in held]
             key = self._spare_holding(content) or planned

@@ -40,6 +40,7 @@ from objq_broker.model.encoding import encode_state
 from objq_broker.model.indexed import QueueIndex
 from objq_broker.model.records import (
     FORMAT_VERSION,
+    ArchiveTail,
     Job,
     JobState,
     KeyRecord,
@@ -88,6 +89,8 @@ class QueueState:
         self.write_touches = True
         #: No dead letter or idempotency key expires before this time (-inf: not yet known).
         self._sweep_at = float("-inf")
+        #: The archive tail last set, with its records as archive lines (:meth:`encode`).
+        self._tail_lines: tuple[ArchiveTail, bytes] | None = None
 
     # The transitions, a module per concern (each function takes the state first).
     declare = lifecycle.declare
@@ -341,20 +344,37 @@ class QueueState:
         self.doc.dead = list(self.dead.values())
         return self.doc
 
+    def set_archive_tail(self, tail: ArchiveTail | None, lines: bytes) -> None:
+        """Keep ``tail`` as the archive tail; ``lines``: its records as an archive object's
+        lines, which :meth:`encode` splices in rather than encode them again."""
+        self.doc.archive_tail = tail
+        self._tail_lines = None if tail is None else (tail, lines)
+
+    def archive_lines(self) -> bytes | None:
+        """The archive tail's records as lines, when :meth:`set_archive_tail` gave them."""
+        kept = self._tail_lines
+        return kept[1] if kept is not None and kept[0] is self.doc.archive_tail else None
+
     def encode(self) -> bytes:
         """The stored form of :meth:`to_doc`, re-encoding only the jobs that changed: a commit
         of a few ops on a deep queue costs a copy of the state, not a full encode."""
         doc = self.doc
         jobs = self.index.encoded_jobs()
         doc.format = doc.needed_format()
+        tail, lines = doc.archive_tail, self.archive_lines()
         # msgspec encodes what a field holds: Raw fragments splice in as they are, so a deep
         # queue costs a copy, not a Python loop.
         doc.jobs = jobs  # type: ignore[assignment]
         doc.dead = [msgspec.Raw(_job_encoder.encode(job)) for job in self.dead.values()]  # type: ignore[misc]
+        if tail is not None and lines:
+            # Lines of JSON, one per record, hold no raw newline: with commas, they are a list.
+            records = msgspec.Raw(b"[" + lines[:-1].replace(b"\n", b",") + b"]")
+            doc.archive_tail = ArchiveTail(since=tail.since, records=records)  # type: ignore[arg-type]
         try:
             return encode_state(doc)
         finally:
             doc.jobs, doc.dead = [], []  # to_doc() builds them when asked
+            doc.archive_tail = tail
 
     def list_jobs(
         self, queue: str, now: float, state: JobState | None = None, limit: int | None = None

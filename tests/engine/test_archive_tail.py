@@ -28,6 +28,7 @@ from objq_broker.model.records import (
     ArchiveTail,
     Job,
 )
+from objq_broker.model.state import QueueState
 from objq_broker.storage import MemoryStore, open_store
 from tests.support.clock import ManualClock
 from tests.support.releases import ENQUEUE_ONE, check_out, run_under
@@ -129,6 +130,27 @@ def test_what_a_commit_does_with_the_records_of_the_jobs_it_finishes() -> None:
     # and with no tail at all, every commit that finishes jobs writes an object
     plan = plan_archive(None, big, "c", ten + 60, tail_bytes=0)
     assert plan is not None and plan.objects == [(archive_key("c", ten + 60), big)]
+
+
+def test_a_tail_kept_as_lines_is_stored_as_if_encoded_whole() -> None:
+    ten = datetime(2026, 3, 5, 10, 30, tzinfo=UTC).timestamp()
+    records = [_record("a", ten), _record("b\nc", ten + 1), _record("d", ten + 2)]
+    first = plan_archive(None, records[:1], "c", ten)
+    assert first is not None and first.tail is not None
+    # Given a commit that adds to a tail whose lines it was handed
+    plan = plan_archive(first.tail, records[1:], "c", ten + 2, held_lines=first.lines)
+    assert plan is not None and plan.tail is not None
+    assert plan.lines == encode_archive(records)  # counted from the lines, not re-encoded
+    # The state splices the lines in: the same bytes as the whole tail encoded
+    spliced, whole = QueueState(), QueueState()
+    spliced.set_archive_tail(plan.tail, plan.lines)
+    whole.doc.archive_tail = plan.tail
+    assert spliced.encode() == whole.encode()
+    assert decode_state(spliced.encode(), "test").archive_tail == plan.tail
+    # A tail set otherwise (a state read again) has no lines kept: it is encoded whole
+    spliced.doc.archive_tail = first.tail
+    assert spliced.archive_lines() is None
+    assert decode_state(spliced.encode(), "test").archive_tail == first.tail
 
 
 def test_a_tail_written_out_by_a_commit_that_never_landed_is_read_once() -> None:
