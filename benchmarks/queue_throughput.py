@@ -12,7 +12,8 @@ in the same process and the same run, on the same storage kinds:
 
 Each library runs in its natural concurrency model: objq's ``Queue`` is synchronous and
 thread-safe, so concurrency N is N threads; jqueue is asyncio-only, so concurrency N is N tasks
-on one event loop. Payloads are 1 KiB of ASCII text (base64 of random bytes), fresh per job.
+on one event loop. objq's ``AsyncQueue`` runs as jqueue does, N tasks on one loop, in a column
+of its own. Payloads are 1 KiB of ASCII text (base64 of random bytes), fresh per job.
 
 Workloads:
 
@@ -52,7 +53,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
@@ -63,7 +64,7 @@ from jqueue.domain.models import Job as JqJob
 from jqueue.domain.models import QueueState as JqState
 from provenance import objq_revision
 
-from objq_broker import Queue
+from objq_broker import AsyncQueue, Queue
 
 QUEUE = "bench"
 PAYLOAD_BYTES = 1024
@@ -77,7 +78,7 @@ BACKLOG_CONCURRENCY = (50, 1)
 # Operations per timed run. The enqueue workload starts from an empty queue, so the state grows
 # by this many jobs during the run (the same for both libraries).
 ENQUEUE_OPS = {1: 500, 10: 2_000, 50: 2_000}
-CYCLE_OPS = {1: 300, 10: 3_000, 50: 3_000}
+CYCLE_OPS = {1: 1_000, 10: 3_000, 50: 3_000}
 # Backlog workload: (backlog, concurrency) -> (objq ops, jqueue ops). The ops stay a small share
 # of the backlog (<= 25 %) so the backlog is what is measured. objq's rows at concurrency 50 run
 # 5,000, so a one-off pause (the first commits after a large preload) does not set the rate.
@@ -127,23 +128,28 @@ OBJQ_OPTIONS: dict[str, object] = {}
 
 
 @contextmanager
-def objq_queue(storage: str) -> Iterator[Queue]:
+def objq_location(storage: str) -> Iterator[tuple[str, dict[str, object]]]:
+    """A fresh place for one run: its URL and the options objq opens it with."""
     if storage == "memory":
-        q = Queue(f"memory://bench-{uuid.uuid4().hex}", **OBJQ_OPTIONS)
+        yield f"memory://bench-{uuid.uuid4().hex}", dict(OBJQ_OPTIONS)
+        return
+    tmp = tempfile.mkdtemp(prefix="objq-bench-")
+    try:
+        yield Path(tmp).as_uri(), {"fsync": storage != "file-nofsync", **OBJQ_OPTIONS}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def objq_queue(storage: str) -> Iterator[Queue]:
+    with objq_location(storage) as (url, options):
+        q = Queue(url, **options)  # type: ignore[arg-type]
         try:
             yield q
         finally:
             q.close()
-            for key in q.store.list():  # memory stores live as long as the process: free it
-                q.store.delete(key)
-    else:
-        tmp = tempfile.mkdtemp(prefix="objq-bench-")
-        q = Queue(Path(tmp).as_uri(), fsync=storage != "file-nofsync", **OBJQ_OPTIONS)
-        try:
-            yield q
-        finally:
-            q.close()
-            shutil.rmtree(tmp, ignore_errors=True)
+            for key in q.store.list() if storage == "memory" else ():
+                q.store.delete(key)  # memory stores live as long as the process: free it
 
 
 def objq_run(storage: str, workload: str, concurrency: int, ops: int, backlog: int) -> Sample:
@@ -178,6 +184,56 @@ def objq_run(storage: str, workload: str, concurrency: int, ops: int, backlog: i
             after.state_writes - before.state_writes,
             after.archive_writes - before.archive_writes,
         )
+
+
+def objq_async_run(storage: str, workload: str, concurrency: int, ops: int) -> Sample:
+    """``objq_run`` through ``AsyncQueue``, ``concurrency`` tasks on one event loop."""
+    with objq_location(storage) as (url, options):
+        return asyncio.run(_objq_async(url, options, workload, concurrency, ops))
+
+
+async def _objq_async(
+    url: str, options: dict[str, object], workload: str, concurrency: int, ops: int
+) -> Sample:
+    async with AsyncQueue(url, **options) as q:  # type: ignore[arg-type]
+        try:
+            return await _objq_async_work(q, workload, concurrency, ops)
+        finally:
+            for key in q.core.store.list() if url.startswith("memory://") else ():
+                q.core.store.delete(key)
+
+
+async def _objq_async_work(q: AsyncQueue, workload: str, concurrency: int, ops: int) -> Sample:
+    await q.declare(QUEUE)
+    shares = split(ops, concurrency)
+    bodies = payloads(ops)
+    starts = [sum(shares[:i]) for i in range(concurrency)]
+
+    async def enqueue(first: int, count: int) -> None:
+        for body in bodies[first : first + count]:
+            await q.enqueue(QUEUE, body)
+
+    async def cycle(first: int, count: int) -> None:
+        for body in bodies[first : first + count]:
+            await q.enqueue(QUEUE, body)
+            deliveries = await q.claim(QUEUE)
+            while not deliveries:
+                deliveries = await q.claim(QUEUE)
+            await q.ack(deliveries[0])
+
+    work = enqueue if workload == "enqueue" else cycle
+    before = copy.copy(q.metrics())
+    gc.collect()
+    started = time.perf_counter()
+    await asyncio.gather(*(work(starts[i], shares[i]) for i in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    after = q.metrics()
+    return Sample(
+        ops,
+        elapsed,
+        after.state_writes - before.state_writes,
+        after.archive_writes - before.archive_writes,
+    )
 
 
 def _timed_threads(work: Callable[[int, int], None], jobs: list[tuple[int, int]]) -> float:
@@ -294,6 +350,8 @@ class Result:
     backlog: int
     objq: list[Sample]
     jq: list[Sample]
+    #: objq's ``AsyncQueue`` (no backlog rows).
+    aio: list[Sample] = field(default_factory=list)
 
 
 def median_rate(samples: list[Sample]) -> float:
@@ -339,13 +397,16 @@ def measure(
     runs: int,
 ) -> Result:
     result = Result(storage, workload, concurrency, backlog, [], [])
-    for _ in range(runs):  # alternate the two libraries, so drift hits both alike
+    for _ in range(runs):  # alternate the libraries, so drift hits them alike
         result.objq.append(objq_run(storage, workload, concurrency, ops[0], backlog))
+        if not backlog:
+            result.aio.append(objq_async_run(storage, workload, concurrency, ops[0]))
         result.jq.append(jq_run(storage, workload, concurrency, ops[1], backlog))
+    aio = f"  AsyncQueue {median_rate(result.aio):>9,.0f}/s" if result.aio else ""
     log(
         f"  {storage:6} {workload:7} c={concurrency:<2} backlog={backlog:<6} "
-        f"objq {median_rate(result.objq):>9,.0f}/s  jqueue {median_rate(result.jq):>9,.0f}/s  "
-        f"ratio {median_rate(result.objq) / median_rate(result.jq):6.2f}"
+        f"objq {median_rate(result.objq):>9,.0f}/s{aio}  jqueue {median_rate(result.jq):>9,.0f}/s"
+        f"  ratio {median_rate(result.objq) / median_rate(result.jq):6.2f}"
     )
     return result
 
@@ -354,6 +415,7 @@ def warm_up(storage: str) -> None:
     for run in (objq_run, jq_run):
         run(storage, "enqueue", 10, 200, 0)
         run(storage, "cycle", 10, 100, 0)
+    objq_async_run(storage, "cycle", 10, 100)
 
 
 def fmt(rate: float) -> str:
@@ -374,6 +436,14 @@ def row(result: Result, first: list[str], ops_cell: str) -> str:
         f"{objq_w / jq_w:.2f}",
         ops_cell,
     ]
+    if result.aio:
+        aio, aio_w = median_rate(result.aio), writes_per_1k(result.aio)
+        aio_state = writes_per_1k(result.aio, archive=False)
+        cells[len(first) + 3 : len(first) + 3] = [
+            f"{fmt(aio)}{spread(result.aio)}",
+            f"**{aio / jq:.2f}x**",
+            f"{aio_w:,.1f} ({aio_state:,.1f} + {aio_w - aio_state:,.1f})",
+        ]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -390,6 +460,15 @@ def table(title: str, unit: str, results: list[Result], backlog_column: bool) ->
                 f"objq {unit} (threads)",
                 f"jqueue {unit} (asyncio tasks)",
                 "objq / jqueue",
+                *(
+                    [
+                        f"objq AsyncQueue {unit} (asyncio tasks)",
+                        "AsyncQueue / jqueue",
+                        f"AsyncQueue writes per 1k {per}s (state + archive)",
+                    ]
+                    if not backlog_column
+                    else []
+                ),
                 f"objq writes per 1k {per}s (state + archive)",
                 f"jqueue writes per 1k {per}s",
                 "writes objq / jqueue",
@@ -397,7 +476,7 @@ def table(title: str, unit: str, results: list[Result], backlog_column: bool) ->
             ]
         )
         + " |",
-        "|" + "---|" * (len(head) + 7),
+        "|" + "---|" * (len(head) + 7 + (0 if backlog_column else 3)),
     ]
     for r in results:
         first = [r.storage, *([f"{r.backlog:,}"] if backlog_column else []), str(r.concurrency)]

@@ -23,6 +23,8 @@ from objq_broker import builders
 from objq_broker.builders import Delay, Delivery, JobOptions, heartbeat_interval
 from objq_broker.core import ClaimOptions, QueueCore, QueueOptions
 from objq_broker.engine.batch import EngineMetrics
+from objq_broker.engine.port import Committer
+from objq_broker.errors import QueueError
 from objq_broker.model import ops
 from objq_broker.model.checks import checked_timeout, shown
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
@@ -30,6 +32,7 @@ from objq_broker.model.values import QueueStats, StagedBodies, StagedRun
 from objq_broker.model.workers import Worker
 from objq_broker.queue import Queue
 from objq_broker.storage import ObjectStore
+from objq_broker.storage.metered import never_waits
 
 T = TypeVar("T")
 log = logging.getLogger("objq_broker.aio")
@@ -37,6 +40,120 @@ log = logging.getLogger("objq_broker.aio")
 
 def _out_of_line(jobs: Iterable[Job]) -> bool:
     return any(job.ref is not None and not job.body for job in jobs)
+
+
+class _Mailbox:
+    """Outcomes for one event loop's futures, settled on the commit thread and handed to the
+    loop together: one wake-up of the loop per commit, not one per operation (a wake-up is a
+    write to the loop's self-pipe, and the loop's turn at the GIL)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._settled: list[tuple[asyncio.Future[Any], bool, Any]] = []
+
+    def put(self, future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+        """From any thread: settle ``future`` on its loop, soon."""
+        with self._lock:
+            self._settled.append((future, ok, value))
+            if len(self._settled) > 1:
+                return  # a hand-over is already on its way
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self._hand_over)
+
+    def _hand_over(self) -> None:
+        with self._lock:
+            settled, self._settled = self._settled, []
+        for future, ok, value in settled:
+            if future.done():
+                continue  # cancelled meanwhile
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+
+class _Settle:
+    """An operation's outcome for a coroutine, settled in its loop's thread."""
+
+    __slots__ = ("_done", "_future")
+
+    def __init__(self, future: asyncio.Future[Any]) -> None:
+        self._future = future
+        self._done = False
+
+    def set_running_or_notify_cancel(self) -> bool:
+        return not self._future.cancelled()
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: Any) -> None:
+        self._done = True
+        if not self._future.done():
+            self._future.set_result(result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._done = True
+        if not self._future.done():
+            self._future.set_exception(exception or QueueError("an operation failed"))
+
+
+class _LoopBatch:
+    """The operations one event loop's coroutines submitted in one turn of the loop, on a
+    store that never waits: committed together at the end of the turn, in the loop's own
+    thread (when the engine is idle), as the writer thread would have batched them."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, committer: Committer, mailbox: _Mailbox
+    ) -> None:
+        self._loop, self._committer, self._mailbox = loop, committer, mailbox
+        self._ops: list[tuple[ops.Op[Any], asyncio.Future[Any]]] = []
+
+    def add(self, op: ops.Op[Any], future: asyncio.Future[Any]) -> None:
+        self._ops.append((op, future))
+        if len(self._ops) == 1:
+            # After the coroutines ready now: those the last commit released submit theirs.
+            self._loop.call_soon(self._commit)
+
+    def _commit(self) -> None:
+        batch, self._ops = self._ops, []
+        try:
+            if self._committer.commit_here([(op, _Settle(future)) for op, future in batch]):
+                return
+            for op, future in batch:  # the writer is busy: it takes them
+                self._committer.submit_to(op, _LoopOutcome(future, self._mailbox))
+        except Exception as exc:  # closed, say: every coroutine learns why
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+
+
+class _LoopOutcome:
+    """An operation's outcome for a coroutine (:class:`~objq_broker.engine.batch.Settles`):
+    it goes to the coroutine's future through its loop's :class:`_Mailbox`."""
+
+    __slots__ = ("_done", "_future", "_mailbox")
+
+    def __init__(self, future: asyncio.Future[Any], mailbox: _Mailbox) -> None:
+        self._future, self._mailbox = future, mailbox
+        self._done = False
+
+    def set_running_or_notify_cancel(self) -> bool:
+        # A coroutine cancelled before its operation was committed drops it, as a
+        # cancelled future does.
+        return not self._future.cancelled()
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: Any) -> None:
+        self._done = True
+        self._mailbox.put(self._future, True, result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._done = True
+        self._mailbox.put(self._future, False, exception)
 
 
 class AsyncQueue:
@@ -64,6 +181,10 @@ class AsyncQueue:
         self.core = QueueCore(url, store=store, **options)
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._lock = threading.Lock()
+        #: How each event loop's operations reach the committer: gathered and committed in
+        #: the loop's thread on a store that never waits, else handed to the writer thread,
+        #: their outcomes handed back through the loop's mailbox.
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopBatch | _Mailbox] = {}
         # After the core's own listener, which counts the commit the waiters look for.
         self.core.committer.on_commit(self._on_commit)
 
@@ -83,7 +204,27 @@ class AsyncQueue:
         await self.close()
 
     async def _run(self, op: ops.Op[T]) -> T:
-        return await asyncio.wrap_future(self.core.submit(op))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        batch = self._loops.get(loop)
+        if batch is None:
+            batch = self._new_loop(loop)
+        if isinstance(batch, _LoopBatch):
+            batch.add(op, future)
+        else:
+            self.core.committer.submit_to(op, _LoopOutcome(future, batch))
+        return await future
+
+    def _new_loop(self, loop: asyncio.AbstractEventLoop) -> _LoopBatch | _Mailbox:
+        """How operations of ``loop``'s coroutines travel (see :meth:`_run`)."""
+        with self._lock:
+            for closed in [other for other in self._loops if other.is_closed()]:
+                del self._loops[closed]
+            mailbox = _Mailbox(loop)
+            way: _LoopBatch | _Mailbox = mailbox
+            if never_waits(self.core.store):
+                way = _LoopBatch(loop, self.core.committer, mailbox)
+            return self._loops.setdefault(loop, way)
 
     async def _filled(self, jobs: list[Job]) -> list[Job]:
         if not _out_of_line(jobs):
@@ -176,35 +317,40 @@ class AsyncQueue:
     ) -> list[Delivery]:
         timeout = checked_timeout(timeout, f"claim from {shown(queue, 80)}")
         end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            seen = self.core.commits
+            jobs = await self._run(self.core.claim_op(queue, n, options))
+            claimed = builders.deliveries(jobs)
+            if _out_of_line(d.job for d in claimed):
+                # Payloads to read from storage: off the loop, in parallel.
+                found = await asyncio.to_thread(self.core.filled, claimed)
+            else:
+                found = self.core.fill_deliveries(claimed)
+            if not found and claimed:
+                continue  # every job it found was poison, dead-lettered: look again
+            pause = self.core.next_poll_wait(bool(found))
+            if found or end is None or time.monotonic() >= end:
+                return found
+            await self._next_commit(seen + 1, min(end, time.monotonic() + pause))
+
+    async def _next_commit(self, after: int, until: float) -> None:
+        """Wait for a commit past ``after`` (a later local enqueue, say) or until ``until``
+        (the next look for another process's commit, or the claim's timeout)."""
         event = asyncio.Event()
         waiter = (asyncio.get_running_loop(), event)
         with self._lock:
             self._waiters.add(waiter)
         try:
-            while True:
-                seen = self.core.commits
-                claim = self.core.submit_claim(queue, n, **options)
-                found = await asyncio.wrap_future(self.core.then_fill(claim))
-                if not found and claim.result():
-                    continue  # every job it found was poison, dead-lettered: look again
-                pause = self.core.next_poll_wait(bool(found))
-                if found or end is None or time.monotonic() >= end:
-                    return found
-                await self._next_commit(seen + 1, event, min(end, time.monotonic() + pause))
+            while not self.core.committed_since(after):
+                remaining = until - time.monotonic()
+                if remaining <= 0:
+                    return
+                event.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), remaining)
         finally:
             with self._lock:
                 self._waiters.discard(waiter)
-
-    async def _next_commit(self, after: int, event: asyncio.Event, until: float) -> None:
-        """Wait for a commit past ``after`` (a later local enqueue, say) or until ``until``
-        (the next look for another process's commit, or the claim's timeout)."""
-        while not self.core.committed_since(after):
-            remaining = until - time.monotonic()
-            if remaining <= 0:
-                return
-            event.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), remaining)
 
     async def ack(
         self, delivery: Delivery, *, outcome: str = "done", error: str | None = None

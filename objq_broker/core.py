@@ -180,7 +180,7 @@ class QueueCore:
         while True:
             jobs = self.call(self.claim_op(queues, n, options))
             claimed = builders.deliveries(jobs)
-            found = self._filled(claimed)
+            found = self.filled(claimed)
             if found or not claimed:
                 break
             # Every job it found was poison, dead-lettered (see fill_deliveries): look again,
@@ -189,9 +189,9 @@ class QueueCore:
         if found or left <= 0:
             return found
         waited = self.committer.claim_waiting(self.claim_op(queues, n, options), left)
-        return found if waited is None else self._filled(builders.deliveries(waited))
+        return found if waited is None else self.filled(builders.deliveries(waited))
 
-    def _filled(self, claimed: list[Delivery]) -> list[Delivery]:
+    def filled(self, claimed: list[Delivery]) -> list[Delivery]:
         """``claimed`` with their payloads loaded (bodies objects read in parallel)."""
         refs = [d.job.ref for d in claimed if d.job.ref is not None and not d.job.body]
         if refs:

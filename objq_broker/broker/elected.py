@@ -48,7 +48,7 @@ from objq_broker.broker.parking import LANE_STRIDE
 from objq_broker.broker.routing import CANNOT_WAIT, BrokerRouting
 from objq_broker.broker.settings import BrokerSettings
 from objq_broker.engine.base import DEFAULT_COMMIT_DEADLINE_SECONDS
-from objq_broker.engine.batch import EngineMetrics
+from objq_broker.engine.batch import EngineMetrics, Settles, Waiter
 from objq_broker.engine.batcher import Batcher
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.engine.commit import Engine
@@ -171,17 +171,23 @@ class ElectedCommitter:
 
     def submit(self, op: Op[T]) -> Future[T]:
         future: Future[T] = Future()
+        self.submit_to(op, future)
+        return future
+
+    def submit_to(self, op: Op[Any], outcome: Settles) -> None:
         with self._batcher.cv:
             if self._batcher.closing:
                 raise QueueClosed(f"the queue for {self.store.url} is closed")
-            self._batcher.add((op, future))
-        return future
+            self._batcher.add((op, outcome))
+
+    def commit_here(self, items: list[tuple[Op[Any], Settles]]) -> bool:
+        return False  # a session travels: the sender thread's, or a blocking caller's
 
     def call(self, op: Op[T]) -> T:
         """Send ``op`` and wait for its outcome. When no session is pending or in flight, the
         caller sends it itself: a hand-off to the sender thread and back would only add two
         thread switches."""
-        future: Future[T] = Future()
+        future: Waiter[T] = Waiter()
         with self._batcher.cv:
             if self._batcher.closing:
                 raise QueueClosed(f"the queue for {self.store.url} is closed")
@@ -278,10 +284,10 @@ class ElectedCommitter:
                 batch = batcher.take()
             self._work(batch)
 
-    def _work(self, batch: list[tuple[Op[Any], Future[Any]]]) -> None:
+    def _work(self, batch: list[tuple[Op[Any], Settles]]) -> None:
         """Send ``batch`` as one session (on the sender thread, or a caller's) and resolve
         its futures."""
-        live: list[tuple[Op[Any], Future[Any]]] = []
+        live: list[tuple[Op[Any], Settles]] = []
         sent_at = time.monotonic()
         try:
             live = [(op, future) for op, future in batch if future.set_running_or_notify_cancel()]
@@ -318,9 +324,7 @@ class ElectedCommitter:
         except Exception as exc:
             return [(False, exc)] * len(ops)
 
-    def _count_job_events(
-        self, live: list[tuple[Op[Any], Future[Any]]], outcomes: Outcomes
-    ) -> None:
+    def _count_job_events(self, live: list[tuple[Op[Any], Settles]], outcomes: Outcomes) -> None:
         """Count what this client's operations did to jobs, from the outcomes the broker (or
         a direct commit) gave back. Never fails a session that was answered."""
         try:
@@ -337,7 +341,7 @@ class ElectedCommitter:
         span = min(SESSION_LINGER_MAX_SECONDS, self._round_trip / 4)
         self._batcher.linger(span)
 
-    def _new_batcher(self) -> Batcher[tuple[Op[Any], Future[Any]]]:
+    def _new_batcher(self) -> Batcher[tuple[Op[Any], Settles]]:
         return Batcher(
             f"objq-elected {self.store.url}",
             self._run,
@@ -347,7 +351,7 @@ class ElectedCommitter:
         )
 
 
-def _op_size(pending: tuple[Op[Any], Future[Any]]) -> int:
+def _op_size(pending: tuple[Op[Any], Settles]) -> int:
     """Payload bytes of a pending operation: a session holds at most
     :data:`MAX_SESSION_PAYLOAD_BYTES`, and an operation larger than a broker takes travels
     alone, and is refused alone."""

@@ -67,11 +67,18 @@ class Batcher(Generic[P]):
         waiting to join a batch then, so a hand-off to the worker thread and back would only
         add two thread switches; with several callers about, the worker lingers for them as
         before, so batches stay as full."""
-        if self.pending or self.busy or self.closing or self._expected > 1:
-            self.add(item)
+        if self.take_nothing_alone():
+            return True
+        self.add(item)
+        return False
+
+    def take_nothing_alone(self, items: int = 1) -> bool:
+        """What :meth:`take_alone` does, for ``items`` the caller holds, except that nothing
+        is queued when it may not work on them alone (False). Call holding :attr:`cv`."""
+        if self.pending or self.busy or self.closing or self._expected > items:
             return False
         self.busy = True
-        self._taken = self._callers = 1
+        self._taken = self._callers = items
         self._start()  # the worker still keeps the idle ticks
         return True
 

@@ -43,7 +43,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from objq_broker.engine.archive import DEFAULT_ARCHIVE_TAIL_BYTES
 from objq_broker.engine.base import (
@@ -61,6 +61,7 @@ from objq_broker.engine.batch import (
     Pending,
     Readiness,
     ReadyMark,
+    Settles,
     StandingClaims,
     Waiter,
 )
@@ -203,11 +204,15 @@ class Engine:
         (``fresh`` for claims, ``latest`` for inspection) and whether its caller consumes
         (which turns on idle lease expiry)."""
         future: Future[T] = Future()
-        pending = Pending.of(op, future)  # (its properties are read outside the lock)
+        self.submit_to(op, future)
+        return future
+
+    def submit_to(self, op: Op[Any], outcome: Settles) -> None:
+        """Queue ``op`` for the next commit; ``outcome`` is settled with its result."""
+        pending = Pending.of(op, outcome)  # (its properties are read outside the lock)
         with self._batcher.cv:
             self._check_open()
             self._batcher.add(pending)
-        return future
 
     def call(self, op: Op[T]) -> T:
         """Commit ``op`` and wait until its effect is durable; return its result. When
@@ -224,8 +229,24 @@ class Engine:
                 alone = False
                 self._batcher.add(pending)
         if alone:
-            self._loop.commit_alone(pending)
+            self._loop.commit_alone([pending])
         return future.result()
+
+    def commit_here(self, items: list[tuple[Op[Any], Settles]]) -> bool:
+        """Commit ``items`` as one batch in the caller's thread if nothing else is pending or
+        committing and they fit in one (each outcome is settled when this returns True); else
+        do nothing and return False. For an event loop on a store that never waits (memory):
+        a commit there is work for the loop's own thread, and a hand-off to the writer and
+        back would cost more than the commit."""
+        batch = [Pending.of(op, outcome) for op, outcome in items]
+        if len(batch) > self._batcher.max_items or sum(map(_size, batch)) > self._batcher.max_bytes:
+            return False
+        with self._batcher.cv:
+            self._check_open()
+            if not (self._loop.may_commit_alone() and self._batcher.take_nothing_alone(len(batch))):
+                return False
+        self._loop.commit_alone(batch)
+        return True
 
     def _check_open(self) -> None:
         """Why no op may be submitted now, if so (holding the batcher's ``cv``)."""

@@ -175,11 +175,11 @@ class CommitLoop:
         state = self._cache.state
         return state is not None and state.doc.write_budget is None
 
-    def commit_alone(self, pending: Pending) -> None:
-        """Commit ``pending``, which the batcher let its caller take (``take_alone``), in the
+    def commit_alone(self, batch: list[Pending]) -> None:
+        """Commit ``batch``, which the batcher let its caller take (``take_alone``), in the
         caller's thread; what is submitted meanwhile waits for the worker."""
         try:
-            self._commit([pending])
+            self._commit(batch)
         except BaseException as exc:  # an interrupted caller: the writer itself goes on
             log.warning("a commit on %s was interrupted: %r", self.store.url, exc)
             raise

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from objq_broker.engine.batch import EngineMetrics
+from objq_broker.engine.batch import EngineMetrics, Settles
 from objq_broker.engine.bodies import BodyCache
 from objq_broker.model.ops import Claim, Op
 from objq_broker.model.records import Job
@@ -43,6 +43,17 @@ class Committer(Protocol):
     def submit(self, op: Op[T]) -> Future[T]:
         """Queue ``op`` for a commit. Raises :class:`~objq_broker.errors.QueueClosed` once
         closed. The future holds the result, or the error that refused this op alone."""
+        ...
+
+    def submit_to(self, op: Op[Any], outcome: Settles) -> None:
+        """Queue ``op`` for a commit, and settle ``outcome`` with its result (or the error
+        that refused it) once it is durable: what :meth:`submit` does with a future of its
+        own, for a caller that waits its own way (an event loop)."""
+        ...
+
+    def commit_here(self, items: list[tuple[Op[Any], Settles]]) -> bool:
+        """Commit ``items`` as one batch in the caller's thread, each outcome settled, when
+        this committer can and nothing else is pending (True); else do nothing (False)."""
         ...
 
     def call(self, op: Op[T]) -> T:

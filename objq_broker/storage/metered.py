@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from objq_broker.storage.base import Blob, Listing, ObjectStore
 from objq_broker.storage.locks import STALE_LOCK_SECONDS, sweep_locks
+from objq_broker.storage.memory import MemoryStore
 from objq_broker.storage.notify import OnChange, Subscription, watch_folder
 
 T = TypeVar("T")
@@ -122,3 +123,10 @@ class MeteredStore:
 
     def close(self) -> None:
         self.inner.close()
+
+
+def never_waits(store: ObjectStore) -> bool:
+    """Whether ``store``'s calls never wait on I/O (memory, metered or not): an event loop
+    may make them in its own thread."""
+    inner = store.inner if isinstance(store, MeteredStore) else store
+    return isinstance(inner, MemoryStore)
