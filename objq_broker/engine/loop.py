@@ -231,9 +231,10 @@ class CommitLoop:
         if any(op.consumer for op in batch):
             self._consumer = True
         live = [op for op in batch if op.future.set_running_or_notify_cancel()]
-        # Claims last (a stable sort): a claim sees the jobs enqueued in its own batch, so a
-        # claimer that found nothing is woken by the next commit, never left waiting a poll.
-        live.sort(key=lambda op: op.consumer)
+        if len(live) > 1:
+            # Claims last (a stable sort): a claim sees the jobs enqueued in its own batch, so
+            # a claimer that found nothing is woken by the next commit, never left waiting.
+            live.sort(key=_consumes)
         try:
             self._commit_with_retries(
                 live,
@@ -250,8 +251,8 @@ class CommitLoop:
             self.metrics.batches += 1
             self.metrics.ops += len(batch)
             self.metrics.max_batch_ops = max(self.metrics.max_batch_ops, len(batch))
-            self._last_commit_seconds = time.monotonic() - started
             self._committed_at = time.monotonic()
+            self._last_commit_seconds = self._committed_at - started
             self.metrics.commit_seconds_total += self._last_commit_seconds
             self.metrics.commit_durations.observe(self._last_commit_seconds)
             try:
@@ -381,7 +382,8 @@ class CommitLoop:
         """Count what the landed try did to jobs. A broker's sessions are left out: each
         client counts its own operations from the outcomes it gets back."""
         try:
-            self.metrics.count({"expired": landed.expired})
+            if landed.expired:
+                self.metrics.count({"expired": landed.expired})
             for op, ok, value in landed.results:
                 if ok and not isinstance(op.op, Session):
                     self.metrics.count(job_events(op.op, value))
@@ -416,6 +418,10 @@ class CommitLoop:
         for op in ops:
             if not op.future.done():
                 op.future.set_exception(exc)
+
+
+def _consumes(op: Pending) -> bool:
+    return op.consumer
 
 
 def _unexpected(url: str, exc: Exception, unsure: bool) -> QueueError:

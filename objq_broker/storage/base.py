@@ -175,6 +175,12 @@ def without_userinfo(endpoint_url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+#: Keys found valid, so a key used again is not checked again (the first ones: the state's
+#: key of each namespace is among them).
+_CHECKED_KEYS: set[str] = set()
+_CHECKED_KEYS_KEPT = 1024
+
+
 class LocalStoreOps:
     """``put`` and ``get`` in terms of ``write`` and ``read``, for adapters where a plain
     overwrite and a fetch are no cheaper than the general calls (memory, file)."""
@@ -184,7 +190,12 @@ class LocalStoreOps:
 
     def _key(self, key: str) -> str:
         """``key``, checked (the error names where it was used)."""
-        return check_key(key, self._where(key))
+        if type(key) is str and key in _CHECKED_KEYS:  # the state's key, at every commit
+            return key
+        check_key(key, self._where(key))
+        if len(_CHECKED_KEYS) < _CHECKED_KEYS_KEPT:
+            _CHECKED_KEYS.add(key)
+        return key
 
     def _prefix(self, prefix: str) -> str:
         """``prefix``, checked as :meth:`_key` checks a key."""

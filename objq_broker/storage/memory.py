@@ -52,19 +52,21 @@ class MemoryStore(LocalStoreOps):
     def write(
         self, key: str, data: bytes, *, if_version: str | None = None, if_absent: bool = False
     ) -> str:
-        where = self._where(key)
         self._key(key)
-        check_write_mode(if_version, if_absent, where)
+        if if_version is not None or if_absent:
+            check_write_mode(if_version, if_absent, self._where(key))
         with self._lock:
             current = self._objects.get(key)
             if if_absent and current is not None:
                 raise PreconditionFailed(
-                    f"{where}: create-only write found an existing object "
+                    f"{self._where(key)}: create-only write found an existing object "
                     f"(version {current.version})"
                 )
             if if_version is not None and (current is None or current.version != if_version):
                 found = "no object" if current is None else f"version {current.version}"
-                raise PreconditionFailed(f"{where}: expected version {if_version}, found {found}")
+                raise PreconditionFailed(
+                    f"{self._where(key)}: expected version {if_version}, found {found}"
+                )
             version = str(next(self._versions))
             self._objects[key] = Blob(bytes(data), version)
             self._modified[key] = time.time()

@@ -92,10 +92,10 @@ class MeteredStore:
     def write(
         self, key: str, data: bytes, *, if_version: str | None = None, if_absent: bool = False
     ) -> str:
-        def call() -> str:
+        try:
             return self.inner.write(key, data, if_version=if_version, if_absent=if_absent)
-
-        return self._counted("write", call, written=len(data))
+        finally:  # a refused write is a request all the same
+            self.meter.count("write", written=len(data))
 
     def put(self, key: str, data: bytes) -> str:
         return self._counted("put", lambda: self.inner.put(key, data), written=len(data))
