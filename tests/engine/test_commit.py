@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import InvalidStateError
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from objq_broker import Queue, builders
 from objq_broker.engine import STATE_KEY, Engine
 from objq_broker.engine.archive import iter_archive
+from objq_broker.engine.batch import Waiter
 from objq_broker.errors import LeaseLost, QueueNotFound, StateCorrupt, StorageError
 from objq_broker.model.encoding import decode_state
 from objq_broker.model.ops import Declare
@@ -232,3 +234,15 @@ def test_writer_with_an_older_epoch_is_fenced() -> None:
             old.enqueue("q", b"x")
         with pytest.raises(WriterFenced):
             old.enqueue("q", b"y")
+
+
+def test_a_waiter_hands_its_caller_the_outcome_once() -> None:
+    done: Waiter[int] = Waiter()
+    threading.Thread(target=done.set_result, args=(7,)).start()
+    assert done.result() == 7 and done.result() == 7
+    with pytest.raises(InvalidStateError):
+        done.set_result(8)
+    failed: Waiter[int] = Waiter()
+    failed.set_exception(KeyError("gone"))
+    with pytest.raises(KeyError, match="gone"):
+        failed.result()
