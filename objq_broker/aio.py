@@ -3,8 +3,10 @@
 Both build their operations with :mod:`objq_broker.builders` and submit them through a
 :class:`~objq_broker.core.QueueCore` of their own, so they cannot drift apart; a test holds their
 method lists equal. The engine's writer is a thread either way: storage calls are synchronous
-SDK calls (one boto3 client, one commit loop), and the coroutines here await its futures without
-blocking the event loop. A claim with a timeout wakes on the next local commit, as
+SDK calls (one boto3 client, one commit loop). What a loop's coroutines submit in one turn of
+the loop goes together: committed in the loop's thread on a store that never waits (memory)
+when the engine is idle, else handed to the writer, whose outcomes come back to the loop with
+one wake-up per commit. A claim with a timeout wakes on the next local commit, as
 ``Queue.claim`` does.
 """
 
@@ -100,14 +102,16 @@ class _Settle:
 
 
 class _LoopBatch:
-    """The operations one event loop's coroutines submitted in one turn of the loop, on a
-    store that never waits: committed together at the end of the turn, in the loop's own
-    thread (when the engine is idle), as the writer thread would have batched them."""
+    """The operations one event loop's coroutines submitted in one turn of the loop, handed
+    on together at the end of the turn: to the writer thread, or, on a store that never waits
+    (``here``), committed in the loop's own thread when the engine is idle, as the writer
+    would have batched them."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, committer: Committer, mailbox: _Mailbox
+        self, loop: asyncio.AbstractEventLoop, committer: Committer, *, here: bool
     ) -> None:
-        self._loop, self._committer, self._mailbox = loop, committer, mailbox
+        self._loop, self._committer, self._here = loop, committer, here
+        self._mailbox = _Mailbox(loop)
         self._ops: list[tuple[ops.Op[Any], asyncio.Future[Any]]] = []
 
     def add(self, op: ops.Op[Any], future: asyncio.Future[Any]) -> None:
@@ -119,10 +123,13 @@ class _LoopBatch:
     def _commit(self) -> None:
         batch, self._ops = self._ops, []
         try:
-            if self._committer.commit_here([(op, _Settle(future)) for op, future in batch]):
+            if self._here and self._committer.commit_here(
+                [(op, _Settle(future)) for op, future in batch]
+            ):
                 return
-            for op, future in batch:  # the writer is busy: it takes them
-                self._committer.submit_to(op, _LoopOutcome(future, self._mailbox))
+            # The writer is busy: it takes them, together.
+            mailbox = self._mailbox
+            self._committer.submit_to([(op, _LoopOutcome(future, mailbox)) for op, future in batch])
         except Exception as exc:  # closed, say: every coroutine learns why
             for _, future in batch:
                 if not future.done():
@@ -181,10 +188,8 @@ class AsyncQueue:
         self.core = QueueCore(url, store=store, **options)
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._lock = threading.Lock()
-        #: How each event loop's operations reach the committer: gathered and committed in
-        #: the loop's thread on a store that never waits, else handed to the writer thread,
-        #: their outcomes handed back through the loop's mailbox.
-        self._loops: dict[asyncio.AbstractEventLoop, _LoopBatch | _Mailbox] = {}
+        #: Each event loop's operations, gathered a turn of the loop at a time.
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopBatch] = {}
         # After the core's own listener, which counts the commit the waiters look for.
         self.core.committer.on_commit(self._on_commit)
 
@@ -208,23 +213,15 @@ class AsyncQueue:
         future: asyncio.Future[T] = loop.create_future()
         batch = self._loops.get(loop)
         if batch is None:
-            batch = self._new_loop(loop)
-        if isinstance(batch, _LoopBatch):
-            batch.add(op, future)
-        else:
-            self.core.committer.submit_to(op, _LoopOutcome(future, batch))
+            with self._lock:
+                for closed in [other for other in self._loops if other.is_closed()]:
+                    del self._loops[closed]
+                here = never_waits(self.core.store)
+                batch = self._loops.setdefault(
+                    loop, _LoopBatch(loop, self.core.committer, here=here)
+                )
+        batch.add(op, future)
         return await future
-
-    def _new_loop(self, loop: asyncio.AbstractEventLoop) -> _LoopBatch | _Mailbox:
-        """How operations of ``loop``'s coroutines travel (see :meth:`_run`)."""
-        with self._lock:
-            for closed in [other for other in self._loops if other.is_closed()]:
-                del self._loops[closed]
-            mailbox = _Mailbox(loop)
-            way: _LoopBatch | _Mailbox = mailbox
-            if never_waits(self.core.store):
-                way = _LoopBatch(loop, self.core.committer, mailbox)
-            return self._loops.setdefault(loop, way)
 
     async def _filled(self, jobs: list[Job]) -> list[Job]:
         if not _out_of_line(jobs):

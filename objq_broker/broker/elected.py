@@ -171,14 +171,14 @@ class ElectedCommitter:
 
     def submit(self, op: Op[T]) -> Future[T]:
         future: Future[T] = Future()
-        self.submit_to(op, future)
+        self.submit_to([(op, future)])
         return future
 
-    def submit_to(self, op: Op[Any], outcome: Settles) -> None:
+    def submit_to(self, items: list[tuple[Op[Any], Settles]]) -> None:
         with self._batcher.cv:
             if self._batcher.closing:
                 raise QueueClosed(f"the queue for {self.store.url} is closed")
-            self._batcher.add((op, outcome))
+            self._batcher.add(*items)
 
     def commit_here(self, items: list[tuple[Op[Any], Settles]]) -> bool:
         return False  # a session travels: the sender thread's, or a blocking caller's

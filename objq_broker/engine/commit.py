@@ -204,15 +204,16 @@ class Engine:
         (``fresh`` for claims, ``latest`` for inspection) and whether its caller consumes
         (which turns on idle lease expiry)."""
         future: Future[T] = Future()
-        self.submit_to(op, future)
+        self.submit_to([(op, future)])
         return future
 
-    def submit_to(self, op: Op[Any], outcome: Settles) -> None:
-        """Queue ``op`` for the next commit; ``outcome`` is settled with its result."""
-        pending = Pending.of(op, outcome)  # (its properties are read outside the lock)
+    def submit_to(self, items: list[tuple[Op[Any], Settles]]) -> None:
+        """Queue the ops of ``items`` for the next commit; each outcome is settled with its
+        op's result."""
+        batch = [Pending.of(op, outcome) for op, outcome in items]  # (read outside the lock)
         with self._batcher.cv:
             self._check_open()
-            self._batcher.add(pending)
+            self._batcher.add(*batch)
 
     def call(self, op: Op[T]) -> T:
         """Commit ``op`` and wait until its effect is durable; return its result. When

@@ -45,10 +45,11 @@ class Committer(Protocol):
         closed. The future holds the result, or the error that refused this op alone."""
         ...
 
-    def submit_to(self, op: Op[Any], outcome: Settles) -> None:
-        """Queue ``op`` for a commit, and settle ``outcome`` with its result (or the error
-        that refused it) once it is durable: what :meth:`submit` does with a future of its
-        own, for a caller that waits its own way (an event loop)."""
+    def submit_to(self, items: list[tuple[Op[Any], Settles]]) -> None:
+        """Queue each op of ``items`` for a commit (all at once: the next batch takes them
+        together), and settle its outcome with its result (or the error that refused it)
+        once it is durable: what :meth:`submit` does with a future of its own, for a caller
+        that waits its own way (an event loop)."""
         ...
 
     def commit_here(self, items: list[tuple[Op[Any], Settles]]) -> bool:
