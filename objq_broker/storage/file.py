@@ -93,6 +93,7 @@ class FileStore(LocalStoreOps):
         #: Creates are written as unnamed files and linked in (until the file system refuses).
         self._link_creates = hasattr(os, "O_TMPFILE")
         self._locks = KeyLocks(self._root / LOCK_DIR)
+        self._tmp = str(self._root / TMP_DIR)
         self._make_root()
         try:
             for folder in (TMP_DIR, LOCK_DIR):
@@ -209,7 +210,8 @@ class FileStore(LocalStoreOps):
         where = self._where(key)
         check_write_mode(if_version, if_absent, where)
         with self._errors(key):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if if_version is None:  # (an update's object is there: so is its folder)
+                path.parent.mkdir(parents=True, exist_ok=True)
             # A write bound to lose is refused before its data is staged and fsynced; the
             # check that counts is repeated under the lock (or is the link of a create).
             self._check(path, if_version, if_absent, where)
@@ -217,20 +219,26 @@ class FileStore(LocalStoreOps):
                 version = self._create(path, data, where)
                 if version is not None:
                     return version
-            tmp = self._stage(data)
+            tmp, fd = self._stage(data)
+            renamed = False
             try:
                 with self._locked(key):
                     found = self._check(path, if_version, if_absent, where)
                     floor = 0 if found is None else _mtime_of(found) + 1
                     mtime = max(time.time_ns(), floor)
-                    os.utime(tmp, ns=(mtime, mtime))
+                    os.utime(fd, ns=(mtime, mtime))
+                    # A rename keeps the file's inode and mtime: its version, read now.
+                    version = _version_of(os.fstat(fd))
                     os.rename(tmp, path)
+                    renamed = True
                     if self._fsync:
                         self._sync_dir(path.parent)
-                    return _version_of(path.stat())
+                    return version
             finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+                os.close(fd)
+                if not renamed:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
 
     def _create(self, path: Path, data: bytes, where: str) -> str | None:
         """Create ``path`` holding ``data`` unless it exists, in one step: an unnamed file in
@@ -292,14 +300,21 @@ class FileStore(LocalStoreOps):
             raise PreconditionFailed(f"{where}: expected version {if_version}, found {shown}")
         return found
 
-    def _stage(self, data: bytes) -> Path:
-        tmp = self._root / TMP_DIR / f"{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
+    def _stage(self, data: bytes) -> tuple[str, int]:
+        """``data`` in a new temporary file: its path, and a descriptor open on it (the
+        caller closes it)."""
+        tmp = f"{self._tmp}/{uuid.uuid4().hex}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            _write_all(fd, data)
             if self._fsync:
-                os.fsync(handle.fileno())
-        return tmp
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return tmp, fd
 
     @staticmethod
     def _sync_dir(folder: Path) -> None:
