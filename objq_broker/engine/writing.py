@@ -82,6 +82,7 @@ class TryWriter:
         self.spill_at = spill_at
         self.run_jobs = run_jobs
         self._janitor = Janitor(store)
+        self._state_where = f"state {store.url}/{cache.key}"  # for an error message
         self._merge_reads = MergeReads(store, self._janitor, run_jobs)
         #: Collects unreferenced objects now and then; None: never.
         self.sweeper = (
@@ -158,7 +159,7 @@ class TryWriter:
         if self.archive and (attempt.finished or doc.archive_tail is not None):
             self._write_archive(state, attempt, now)
         data = state.encode()
-        check_encoded(data, f"state {self.store.url}/{self._cache.key}")
+        check_encoded(data, self._state_where)
         try:
             check_size(len(data), self._cache.max_state_bytes, attempt.results, self._cache.size)
         except StateTooLarge:
