@@ -97,28 +97,19 @@ class Batcher(Generic[P]):
             self.closing = True
             self.cv.notify()
 
-    def linger(
-        self, span: float, *, target: int | None = None, longest: float | None = None
-    ) -> None:
+    def linger(self, span: float, *, target: int | None = None) -> None:
         """Wait up to ``span`` seconds for ``target`` items to be pending (by default as
         many as were pending or worked on at once during the last batch: the callers it
-        released), or until closing. ``longest``: while items keep coming (some arrived in
-        the last ``span``), wait another ``span``, up to ``longest`` in all: fifty released
-        callers take turns at the GIL to submit again, which can take longer than the
-        commit that released them. Call holding :attr:`cv`."""
+        released), or until closing. Call holding :attr:`cv`."""
         want = self._expected if target is None else target
-        now = time.monotonic()
-        end, last = now + span, now + (span if longest is None else max(longest, span))
-        seen = len(self.pending)
+        end = time.monotonic() + span
         self._want = max(want, 1)
         try:
             while len(self.pending) < want and not self.closing:
-                now = time.monotonic()
-                if now >= end:
-                    if len(self.pending) == seen or now >= last:
-                        return
-                    seen, end = len(self.pending), min(now + span, last)  # still coming
-                self.cv.wait(end - now)
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    return
+                self.cv.wait(remaining)
         finally:
             self._want = 1
 

@@ -189,9 +189,8 @@ class CommitLoop:
 
         With ``linger_seconds`` set, always wait that long (or for a full batch). Otherwise
         adapt: as many ops were pending or committing at once during the last commit; the
-        callers it released are still submitting their next ones, so wait (two commits' time,
-        and two more while they keep coming, at most ``ADAPTIVE_LINGER_MAX_SECONDS`` in all)
-        for all of them. 50 threads make
+        callers it released are still submitting their next ones, so wait (two commits' time
+        at most, and at most ``ADAPTIVE_LINGER_MAX_SECONDS``) for all of them. 50 threads make
         batches of ~50, not 48 then 2, and a broker's clients, whose sessions come back after
         a network round trip each, share one commit instead of taking turns (waiting up to
         two commits measured best for 8 clients). One caller never waits.
@@ -203,7 +202,7 @@ class CommitLoop:
             batcher.linger(self.linger_seconds, target=batcher.max_items)
         elif not batcher.full:
             span = min(ADAPTIVE_LINGER_MAX_SECONDS, 2 * self._last_commit_seconds)
-            batcher.linger(span, longest=ADAPTIVE_LINGER_MAX_SECONDS)
+            batcher.linger(span)
 
     def _keep_to_budget(self) -> None:
         """Under a write budget (``engine.budget``), wait until the namespace may write again
