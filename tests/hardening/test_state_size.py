@@ -118,7 +118,8 @@ def test_several_floods_in_one_batch_are_refused_and_no_small_operation_with_the
     # Given a try whose state grew far past the limit, nearly all of it from four floods,
     # each adding more to the state than it carries (each job's times and attempts: four
     # such floods measured 257 bytes a job in the state, 240 in the operation)
-    floods = [Pending.of(builders.enqueue("q", [BODY] * TOO_MANY), Future()) for _ in range(4)]
+    refusals: list[Future[object]] = [Future() for _ in range(4)]
+    floods = [Pending.of(builders.enqueue("q", [BODY] * TOO_MANY), f) for f in refusals]
     good = [Pending.of(builders.enqueue("q", [f"good {n}".encode()]), Future()) for n in range(10)]
     live = [good[0], *floods[:2], *good[1:], *floods[2:]]
     before = 2_000
@@ -131,5 +132,5 @@ def test_several_floods_in_one_batch_are_refused_and_no_small_operation_with_the
     # Then the four floods are refused, each with its error, and every small enqueue stays
     assert refused == 4
     assert live == good
-    assert all(isinstance(p.future.exception(timeout=0), StateFull) for p in floods)
+    assert all(isinstance(f.exception(timeout=0), StateFull) for f in refusals)
     assert not any(p.future.done() for p in good)
