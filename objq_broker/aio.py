@@ -67,38 +67,7 @@ class _Mailbox:
         with self._lock:
             settled, self._settled = self._settled, []
         for future, ok, value in settled:
-            if future.done():
-                continue  # cancelled meanwhile
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)
-
-
-class _Settle:
-    """An operation's outcome for a coroutine, settled in its loop's thread."""
-
-    __slots__ = ("_done", "_future")
-
-    def __init__(self, future: asyncio.Future[Any]) -> None:
-        self._future = future
-        self._done = False
-
-    def set_running_or_notify_cancel(self) -> bool:
-        return not self._future.cancelled()
-
-    def done(self) -> bool:
-        return self._done
-
-    def set_result(self, result: Any) -> None:
-        self._done = True
-        if not self._future.done():
-            self._future.set_result(result)
-
-    def set_exception(self, exception: BaseException | None) -> None:
-        self._done = True
-        if not self._future.done():
-            self._future.set_exception(exception or QueueError("an operation failed"))
+            _settle(future, ok, value)
 
 
 class _LoopBatch:
@@ -124,7 +93,7 @@ class _LoopBatch:
         batch, self._ops = self._ops, []
         try:
             if self._here and self._committer.commit_here(
-                [(op, _Settle(future)) for op, future in batch]
+                [(op, _LoopOutcome(future)) for op, future in batch]
             ):
                 return
             # The writer is busy: it takes them, together.
@@ -138,11 +107,12 @@ class _LoopBatch:
 
 class _LoopOutcome:
     """An operation's outcome for a coroutine (:class:`~objq_broker.engine.batch.Settles`):
-    it goes to the coroutine's future through its loop's :class:`_Mailbox`."""
+    settled on the coroutine's future in its loop's thread (``mailbox`` None: this is that
+    thread), or handed to that thread through the loop's :class:`_Mailbox`."""
 
     __slots__ = ("_done", "_future", "_mailbox")
 
-    def __init__(self, future: asyncio.Future[Any], mailbox: _Mailbox) -> None:
+    def __init__(self, future: asyncio.Future[Any], mailbox: _Mailbox | None = None) -> None:
         self._future, self._mailbox = future, mailbox
         self._done = False
 
@@ -155,12 +125,27 @@ class _LoopOutcome:
         return self._done
 
     def set_result(self, result: Any) -> None:
-        self._done = True
-        self._mailbox.put(self._future, True, result)
+        self._settle(True, result)
 
     def set_exception(self, exception: BaseException | None) -> None:
+        self._settle(False, exception or QueueError("an operation failed"))
+
+    def _settle(self, ok: bool, value: Any) -> None:
         self._done = True
-        self._mailbox.put(self._future, False, exception)
+        if self._mailbox is None:
+            _settle(self._future, ok, value)
+        else:
+            self._mailbox.put(self._future, ok, value)
+
+
+def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    """In ``future``'s loop: its outcome, unless it was cancelled meanwhile."""
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
 
 
 class AsyncQueue:
