@@ -27,11 +27,7 @@ from objq_broker.errors import ObjqError
 from objq_broker.model.bodies import BODIES_PREFIX, bodies_key, encode_bodies
 from objq_broker.model.checks import STAGING_PREFIX
 from objq_broker.model.encoding import check_encoded, encode_archive
-from objq_broker.model.records import (
-    RECENT_COMMITS,
-    ArchiveRecord,
-    Job,
-)
+from objq_broker.model.records import RECENT_COMMITS, ArchiveRecord, Job
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs, run_key
 from objq_broker.model.state import QueueState
 from objq_broker.storage.base import ObjectStore
