@@ -96,7 +96,7 @@ class _LoopBatch:
                 [(op, _LoopOutcome(future)) for op, future in batch]
             ):
                 return
-            # The writer is busy: it takes them, together.
+            # Else the writer thread takes them, together.
             mailbox = self._mailbox
             self._committer.submit_to([(op, _LoopOutcome(future, mailbox)) for op, future in batch])
         except Exception as exc:  # closed, say: every coroutine learns why
