@@ -221,16 +221,7 @@ class Engine:
         there is no batch to form, and handing it to the writer thread and back would cost
         two thread switches."""
         future: Waiter[T] = Waiter()
-        pending = Pending.of(op, future)
-        with self._batcher.cv:
-            self._check_open()
-            if self._loop.may_commit_alone():
-                alone = self._batcher.take_alone(pending)  # (else queued for the worker)
-            else:
-                alone = False
-                self._batcher.add(pending)
-        if alone:
-            self._loop.commit_alone([pending])
+        self._commit_alone([Pending.of(op, future)], else_queue=True)
         return future.result()
 
     def commit_here(self, items: list[tuple[Op[Any], Settles]]) -> bool:
@@ -242,12 +233,19 @@ class Engine:
         batch = [Pending.of(op, outcome) for op, outcome in items]
         if len(batch) > self._batcher.max_items or sum(map(_size, batch)) > self._batcher.max_bytes:
             return False
+        return self._commit_alone(batch, else_queue=False)
+
+    def _commit_alone(self, batch: list[Pending], *, else_queue: bool) -> bool:
+        """Commit ``batch`` in the caller's thread when the engine is idle (True); else queue
+        it for the writer (``else_queue``) or leave it (False)."""
         with self._batcher.cv:
             self._check_open()
-            if not (self._loop.may_commit_alone() and self._batcher.take_nothing_alone(len(batch))):
-                return False
-        self._loop.commit_alone(batch)
-        return True
+            alone = self._loop.may_commit_alone() and self._batcher.take_nothing_alone(len(batch))
+            if not alone and else_queue:
+                self._batcher.add(*batch)
+        if alone:
+            self._loop.commit_alone(batch)
+        return alone
 
     def _check_open(self) -> None:
         """Why no op may be submitted now, if so (holding the batcher's ``cv``)."""
