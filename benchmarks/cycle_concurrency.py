@@ -5,6 +5,7 @@ of objq on the same machine (``queue_throughput.py`` sets it beside jqueue).
     python benchmarks/cycle_concurrency.py                          # memory, 1/10/50
     python benchmarks/cycle_concurrency.py --storage file-nofsync
     PYTHONPATH=<older checkout> python benchmarks/cycle_concurrency.py   # another tree
+    python benchmarks/cycle_concurrency.py --way tasks --option archive_tail_bytes=65536
 
 Each case runs 300 unrecorded cycles first, then ``--cycles``; printed: cycles/s and the
 state and archive writes per 1,000 cycles.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import tempfile
 import threading
@@ -113,11 +115,25 @@ def main() -> None:
     parser.add_argument("--storage", choices=("memory", "file", "file-nofsync"), default="memory")
     parser.add_argument("--cycles", type=int, default=6000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 10, 50])
+    parser.add_argument("--way", choices=("threads", "tasks", "both"), default="both")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="a Queue keyword, such as archive_tail_bytes=65536 (repeatable)",
+    )
     args = parser.parse_args()
+    extra = {name: json.loads(value) for name, value in (o.split("=", 1) for o in args.option)}
+    ways = [
+        (name, run)
+        for name, run in (("Queue, threads", threads), ("AsyncQueue, tasks", tasks))
+        if args.way in ("both", run.__name__)
+    ]
     for concurrency in args.concurrency:
-        for name, run in (("Queue, threads", threads), ("AsyncQueue, tasks", tasks)):
+        for name, run in ways:
             with location(args.storage) as (url, options):
-                line = run(url, options, concurrency, args.cycles)
+                line = run(url, {**options, **extra}, concurrency, args.cycles)
             print(f"{args.storage} c={concurrency:<3} {name:18} {line}")
 
 

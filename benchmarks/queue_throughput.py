@@ -51,12 +51,13 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
+from typing import TypeVar
 
 from jqueue import BrokerQueue, InMemoryStorage, LocalFileSystemStorage
 from jqueue.core import codec as jq_codec
@@ -65,8 +66,11 @@ from jqueue.domain.models import QueueState as JqState
 from provenance import objq_revision
 
 from objq_broker import AsyncQueue, Queue
+from objq_broker.builders import Delivery
+from objq_broker.engine.batch import EngineMetrics
 
 QUEUE = "bench"
+T = TypeVar("T")
 PAYLOAD_BYTES = 1024
 STORAGES = ("memory", "file")
 #: Opt-in (``--storage file-nofsync``): objq's file store without fsync, as jqueue's writes.
@@ -176,14 +180,17 @@ def objq_run(storage: str, workload: str, concurrency: int, ops: int, backlog: i
         work = enqueue if workload == "enqueue" else cycle
         jobs = [(starts[i], shares[i]) for i in range(concurrency)]
         before = copy.copy(q.metrics())  # a snapshot: the counters go on counting
-        elapsed = _timed_threads(work, jobs)
-        after = q.metrics()
-        return Sample(
-            ops,
-            elapsed,
-            after.state_writes - before.state_writes,
-            after.archive_writes - before.archive_writes,
-        )
+        return objq_sample(ops, _timed_threads(work, jobs), before, q.metrics())
+
+
+def objq_sample(ops: int, elapsed: float, before: EngineMetrics, after: EngineMetrics) -> Sample:
+    """A run of objq's: its storage writes are what its engine's counters moved by."""
+    return Sample(
+        ops,
+        elapsed,
+        after.state_writes - before.state_writes,
+        after.archive_writes - before.archive_writes,
+    )
 
 
 def objq_async_run(storage: str, workload: str, concurrency: int, ops: int) -> Sample:
@@ -205,35 +212,56 @@ async def _objq_async(
 
 async def _objq_async_work(q: AsyncQueue, workload: str, concurrency: int, ops: int) -> Sample:
     await q.declare(QUEUE)
+
+    async def ack(delivery: Delivery) -> None:
+        await q.ack(delivery)
+
+    before = copy.copy(q.metrics())
+    elapsed = await _timed_tasks(
+        workload,
+        concurrency,
+        ops,
+        enqueue=lambda body: q.enqueue(QUEUE, body),
+        take=lambda: q.claim(QUEUE),
+        ack=ack,
+    )
+    return objq_sample(ops, elapsed, before, q.metrics())
+
+
+async def _timed_tasks(
+    workload: str,
+    concurrency: int,
+    ops: int,
+    *,
+    enqueue: Callable[[bytes], Awaitable[object]],
+    take: Callable[[], Awaitable[Sequence[T]]],
+    ack: Callable[[T], Awaitable[object]],
+) -> float:
+    """Run ``workload`` on ``concurrency`` tasks of one event loop, ``ops`` in all, through
+    one library's ``enqueue``, ``take`` (one job) and ``ack``; the seconds taken. In the cycle,
+    each task's enqueue commits before its take, and every task takes at most one job per
+    enqueue, so a take always finds a job (the loop is kept for safety)."""
     shares = split(ops, concurrency)
     bodies = payloads(ops)
     starts = [sum(shares[:i]) for i in range(concurrency)]
 
-    async def enqueue(first: int, count: int) -> None:
+    async def produce(first: int, count: int) -> None:
         for body in bodies[first : first + count]:
-            await q.enqueue(QUEUE, body)
+            await enqueue(body)
 
     async def cycle(first: int, count: int) -> None:
         for body in bodies[first : first + count]:
-            await q.enqueue(QUEUE, body)
-            deliveries = await q.claim(QUEUE)
-            while not deliveries:
-                deliveries = await q.claim(QUEUE)
-            await q.ack(deliveries[0])
+            await enqueue(body)
+            taken = await take()
+            while not taken:
+                taken = await take()
+            await ack(taken[0])
 
-    work = enqueue if workload == "enqueue" else cycle
-    before = copy.copy(q.metrics())
+    work = produce if workload == "enqueue" else cycle
     gc.collect()
     started = time.perf_counter()
     await asyncio.gather(*(work(starts[i], shares[i]) for i in range(concurrency)))
-    elapsed = time.perf_counter() - started
-    after = q.metrics()
-    return Sample(
-        ops,
-        elapsed,
-        after.state_writes - before.state_writes,
-        after.archive_writes - before.archive_writes,
-    )
+    return time.perf_counter() - started
 
 
 def _timed_threads(work: Callable[[int, int], None], jobs: list[tuple[int, int]]) -> float:
@@ -297,31 +325,20 @@ def jq_preload(backlog: int) -> bytes:
 async def _jq_run(
     storage: CountingMemoryStorage | CountingFileStorage, workload: str, concurrency: int, ops: int
 ) -> Sample:
-    shares = split(ops, concurrency)
-    bodies = payloads(ops)
-    starts = [sum(shares[:i]) for i in range(concurrency)]
     async with BrokerQueue(storage) as q:
 
-        async def enqueue(first: int, count: int) -> None:
-            for body in bodies[first : first + count]:
-                await q.enqueue(QUEUE, body)
+        async def ack(job: JqJob) -> None:
+            await q.ack(job.id)
 
-        async def cycle(first: int, count: int) -> None:
-            # Each worker's enqueue commits before its dequeue, and every worker takes at most
-            # one job per enqueue, so a dequeue always finds a job.
-            for body in bodies[first : first + count]:
-                await q.enqueue(QUEUE, body)
-                jobs = await q.dequeue(QUEUE)
-                while not jobs:
-                    jobs = await q.dequeue(QUEUE)
-                await q.ack(jobs[0].id)
-
-        work = enqueue if workload == "enqueue" else cycle
         writes0 = storage.writes
-        gc.collect()
-        started = time.perf_counter()
-        await asyncio.gather(*(work(starts[i], shares[i]) for i in range(concurrency)))
-        elapsed = time.perf_counter() - started
+        elapsed = await _timed_tasks(
+            workload,
+            concurrency,
+            ops,
+            enqueue=lambda body: q.enqueue(QUEUE, body),
+            take=lambda: q.dequeue(QUEUE),
+            ack=ack,
+        )
         return Sample(ops, elapsed, storage.writes - writes0)
 
 
