@@ -4,6 +4,7 @@ Run from the repository root::
 
     python benchmarks/storage_latency.py
     python benchmarks/storage_latency.py --backends file --iterations 400
+    python benchmarks/storage_latency.py --backends file-nofsync --iterations 2000
 
 A read and a replacing write (``if_version``) go to one key, as the state's do; a create
 (``if_absent``) makes a new key each time, as results, archive objects and runs are written.
@@ -50,7 +51,7 @@ WARMUP_ITERATIONS = 3
 KEY = "bench/state.json"
 #: Where the creates go, one new key each.
 NEW_PREFIX = "bench/new/"
-BACKENDS = ("memory", "file", "s3", "gs")
+BACKENDS = ("memory", "file", "file-nofsync", "s3", "gs")
 
 
 def _payload(size: int, n: int) -> bytes:
@@ -93,6 +94,12 @@ def backends(names: tuple[str, ...]) -> Iterator[list[tuple[str, Callable[[], Ob
             found.append(("memory", lambda: open_store("memory://bench")))
         if "file" in names:
             found.append(("file", lambda: open_store(folder.as_uri())))
+        if "file-nofsync" in names:
+            nofsync = folder / "nofsync"
+            nofsync.mkdir()
+            found.append(
+                ("file, fsync=false", lambda: open_store(f"{nofsync.as_uri()}?fsync=false"))
+            )
         if "s3" in names:
             apply_dummy_aws_env()
             moto = start_moto()
