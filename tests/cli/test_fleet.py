@@ -11,7 +11,7 @@ from pathlib import Path
 from objq_broker import Queue
 from tests.cli.objq_cli import Objq, Workers
 from tests.support.processes import kill, kill_group
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_for_pid
 
 SLEEPER = (
     "import os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); "
@@ -28,7 +28,7 @@ def test_workers_shows_a_real_worker_then_shows_it_gone(
     command = ["--", sys.executable, "-c", SLEEPER, str(marker)]
     assert objq("enqueue-cmd", "work", *command, url=file_url).code == 0
     worker = workers(file_url).start("--queue", "work")
-    wait_for(marker.exists, 30, "the command to start")
+    command_pid = wait_for_pid(marker, 30, "the command to start")
     # Then objq workers names it by host, process and framework, with what it holds
     [row] = objq("workers", "--json", url=file_url).json()
     assert (row["status"], row["pid"], row["framework"]) == ("working", worker.pid, "objq-worker")
@@ -39,7 +39,7 @@ def test_workers_shows_a_real_worker_then_shows_it_gone(
     assert "objq-worker" in text and "working" in text
     # When the worker dies without a word and its lease runs out
     kill(worker)
-    kill_group(int(marker.read_text()))  # its command, orphaned
+    kill_group(command_pid)  # its command, orphaned
     time.sleep(1.5)
     assert objq("requeue-stale", url=file_url).code == 0
     # Then it is shown as gone

@@ -14,7 +14,7 @@ import pytest
 
 from tests.cli.objq_cli import Objq, Workers
 from tests.support.processes import alive, kill, kill_group
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_for, wait_for_pid
 
 #: Seconds a command job may take to start once its worker runs.
 START_TIMEOUT_SECONDS = 20.0
@@ -167,8 +167,7 @@ def test_job_of_a_killed_worker_runs_again_elsewhere(
     [job_id] = job.json()["ids"]
     group = workers(file_url)
     first = group.start("--queue", "work")
-    wait_for(marker.exists, START_TIMEOUT_SECONDS, "the first run to start")
-    orphan = int(marker.read_text())
+    orphan = wait_for_pid(marker, START_TIMEOUT_SECONDS, "the first run to start")
     try:
         # When the worker is killed mid-command
         kill(first)

@@ -23,7 +23,7 @@ from tests.cli.objq_cli import run_objq as objq
 from tests.support.fault_proxy import FaultProxy, Faults
 from tests.support.processes import Children, alive, kill_group
 from tests.support.servers import create_s3_bucket, new_bucket_name
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_for, wait_for_pid
 
 pytestmark = pytest.mark.slow
 
@@ -95,8 +95,7 @@ def test_sigterm_kills_a_command_past_the_grace_and_gives_its_job_back(
     assert objq("declare", "work", url=file_url).code == 0
     job_id = _enqueue_hanging_job(file_url, marker)
     worker = _start_worker(children, file_url, "--stop-grace", "1")
-    wait_for(marker.exists, START_TIMEOUT_SECONDS, "the command to start")
-    command_pid = int(marker.read_text())
+    command_pid = wait_for_pid(marker, START_TIMEOUT_SECONDS, "the command to start")
 
     # When it gets SIGTERM
     worker.send_signal(signal.SIGTERM)
@@ -125,8 +124,7 @@ def test_a_second_signal_cuts_the_grace_short(
     assert objq("declare", "work", url=file_url).code == 0
     job_id = _enqueue_hanging_job(file_url, marker)
     worker = _start_worker(children, file_url)
-    wait_for(marker.exists, START_TIMEOUT_SECONDS, "the command to start")
-    command_pid = int(marker.read_text())
+    command_pid = wait_for_pid(marker, START_TIMEOUT_SECONDS, "the command to start")
 
     # When it gets SIGTERM, then Ctrl-C
     worker.send_signal(signal.SIGTERM)
@@ -175,8 +173,7 @@ def test_sigterm_while_storage_hangs_mid_command_loses_no_job(
     assert objq("declare", "work", "--lease", "3", url=direct).code == 0
     job_id = _enqueue_hanging_job(direct, marker)
     worker = _start_worker(children, proxied, "--stop-grace", "1")
-    wait_for(marker.exists, START_TIMEOUT_SECONDS, "the command to start")
-    command_pid = int(marker.read_text())
+    command_pid = wait_for_pid(marker, START_TIMEOUT_SECONDS, "the command to start")
 
     # When the storage stops answering while the command runs, and the worker gets SIGTERM
     hanging_proxy.set_faults(Faults(blackhole=1.0))

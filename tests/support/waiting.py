@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -45,3 +46,17 @@ def wait_for(
             seen = f"; {progress()}" if progress is not None else ""
             raise TimedOut(f"timed out after {timeout:g} s waiting for {what}{seen}")
         time.sleep(interval)
+
+
+def wait_for_pid(path: Path, timeout: float, what: str) -> int:
+    """Wait until a child has written its pid to ``path``, and return it.
+
+    A child's ``write_text`` creates the file before it writes to it, so a file that exists
+    may still be empty: waiting for the file alone can read nothing.
+    """
+
+    def written() -> int | None:
+        text = path.read_text() if path.exists() else ""
+        return int(text) if text.strip().isdigit() else None
+
+    return wait_for(written, timeout, what)
