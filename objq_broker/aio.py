@@ -28,7 +28,7 @@ from objq_broker.engine.batch import EngineMetrics
 from objq_broker.engine.port import Committer
 from objq_broker.errors import QueueError
 from objq_broker.model import ops
-from objq_broker.model.checks import checked_timeout, shown
+from objq_broker.model.checks import Where, checked_timeout
 from objq_broker.model.records import Job, JobState, NackResult, QueueConfig
 from objq_broker.model.values import QueueStats, StagedBodies, StagedRun
 from objq_broker.model.workers import Worker
@@ -297,7 +297,7 @@ class AsyncQueue:
         timeout: float | None = None,
         **options: Unpack[ClaimOptions],
     ) -> list[Delivery]:
-        timeout = checked_timeout(timeout, f"claim from {shown(queue, 80)}")
+        timeout = checked_timeout(timeout, Where("claim from {}", queue))
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             seen = self.core.commits

@@ -10,6 +10,7 @@ jitter, so the operation replays identically after an ambiguous write.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import socket
@@ -27,14 +28,17 @@ from objq_broker.model.checks import (
     Attempts,
     ClaimCount,
     Identifier,
+    Place,
     PositiveSeconds,
     Priority,
     QueueName,
     Seconds,
     SignedSeconds,
+    Where,
     WriteRate,
     checked,
     cut_text,
+    narrowed,
     shown,
 )
 from objq_broker.model.ids import new_id
@@ -101,7 +105,7 @@ def default_owner(framework: str | None = None) -> str:
     return base if framework is None else f"{base}:{framework}"
 
 
-def seconds(value: Delay, what: str) -> float | None:
+def seconds(value: Delay, what: Place) -> float | None:
     """Seconds from a number or a timedelta (None stays None); bools and text are refused."""
     if value is None:
         return None
@@ -143,6 +147,9 @@ class _NackArgs(msgspec.Struct, frozen=True):
 class _AckArgs(msgspec.Struct, frozen=True):
     outcome: Literal["done"] | RunOutcome = "done"
     error: str | None = None
+
+
+_ACK_DONE = _AckArgs()
 
 
 class _NoteArgs(msgspec.Struct, frozen=True):
@@ -235,9 +242,11 @@ class JobOptions(TypedDict, total=False):
     group: str | None
 
 
-def known_keywords(options: Mapping[str, Any], accepted: Any, where: str) -> None:
+def known_keywords(options: Mapping[str, Any], accepted: Any, where: Place) -> None:
     """Refuse a keyword of ``options`` that the TypedDict ``accepted`` does not list: a
     misspelt one must not be dropped without a word."""
+    if not options:
+        return  # the usual call: no keywords beyond its own
     names = accepted.__optional_keys__ | accepted.__required_keys__
     unknown = sorted(set(options) - names)
     if unknown:
@@ -247,17 +256,28 @@ def known_keywords(options: Mapping[str, Any], accepted: Any, where: str) -> Non
         )
 
 
-def _enqueue_args(queue: str, options: JobOptions, where: str) -> _EnqueueArgs:
+def _enqueue_args(queue: str, options: JobOptions, where: Place) -> _EnqueueArgs:
     """The options every job of an enqueue shares, checked in one conversion."""
     known_keywords(options, JobOptions, where)
-    given = {
+    given: dict[str, Any] = {
         "queue": queue,
         "priority": options.get("priority", 0),
         "max_attempts": options.get("max_attempts"),
         "group": options.get("group"),
+        "delay": options.get("delay"),
     }
-    delay = seconds(options.get("delay"), f"{where}: delay")
-    return checked({**given, "delay": delay or 0.0}, _EnqueueArgs, where)
+    try:
+        return _checked_enqueue_args(where, **given)
+    except TypeError:  # an unhashable value, which the check refuses: not remembered
+        return _checked_enqueue_args.__wrapped__(where, **given)
+
+
+# A producer sends to few queues with few sets of options: each set is checked once. Typed,
+# so that True is not taken for a priority of 1 that was checked before.
+@functools.lru_cache(maxsize=1024, typed=True)
+def _checked_enqueue_args(where: Place, *, delay: Delay, **given: object) -> _EnqueueArgs:
+    seconds_ = seconds(delay, narrowed(where, ": delay"))
+    return checked({**given, "delay": seconds_ or 0.0}, _EnqueueArgs, where)
 
 
 def enqueue(
@@ -272,7 +292,7 @@ def enqueue(
     """``keys`` and ``groups``: each payload's own (``groups`` instead of ``group``).
     ``to_declared``: add nothing if the queue does not exist (a routed message whose binding
     outlived its queue); otherwise the queue is declared by this first use."""
-    where = f"enqueue to {shown(queue, 80)}"
+    where = Where("enqueue to {}", queue)
     args = _enqueue_args(queue, options, where)
     if groups is not None and args.group is not None:
         raise ConfigurationError(f"{where}: expected group or groups, found both")
@@ -360,25 +380,27 @@ def claim(
 ) -> Claim:
     """``strict``: refuse a queue that is not declared (``QueueNotFound``). ``ordered``: take
     from the queues in the order given, not in turn."""
-    where = f"claim from {shown(list(queues), 120)}"
-    args = checked(
-        {
-            "queues": list(queues),
-            "n": n,
-            "owner": owner,
-            "lease": seconds(lease, f"{where}: lease"),
-        },
-        _ClaimArgs,
-        where,
-    )
+    try:
+        args = _checked_claim_args(tuple(queues), n=n, owner=owner, lease=lease)
+    except TypeError:  # an unhashable value, which the check refuses: not remembered
+        args = _checked_claim_args.__wrapped__(list(queues), n=n, owner=owner, lease=lease)
     # One random base per claim: a delay-queue consumer may ask for thousands at a time.
     base = new_id()
     tokens = [f"{base}.{i}" for i in range(args.n)]
-    return Claim(args.queues, tokens, args.owner, args.lease, strict, ordered=bool(ordered))
+    return Claim(list(args.queues), tokens, args.owner, args.lease, strict, ordered=bool(ordered))
 
 
-def _lease(lease: Delay, where: str) -> float | None:
-    return checked({"lease": seconds(lease, f"{where}: lease")}, _LeaseArg, where).lease
+# A consumer claims from the same queues, with the same owner and lease, again and again:
+# each set is checked once (typed, as the enqueue's).
+@functools.lru_cache(maxsize=1024, typed=True)
+def _checked_claim_args(queues: Sequence[str], *, n: int, owner: str, lease: Delay) -> _ClaimArgs:
+    where = Where("claim from {}", list(queues), 120)
+    given = {"queues": list(queues), "n": n, "owner": owner}
+    return checked({**given, "lease": seconds(lease, where.then(": lease"))}, _ClaimArgs, where)
+
+
+def _lease(lease: Delay, where: Place) -> float | None:
+    return checked({"lease": seconds(lease, narrowed(where, ": lease"))}, _LeaseArg, where).lease
 
 
 def heartbeat(held: Sequence[Delivery], *, lease: Delay = None) -> Heartbeat:
@@ -394,7 +416,7 @@ def heartbeat_interval(deliveries: Sequence[Delivery], every: float | None) -> f
     return max(span / 3.0, 0.05)
 
 
-def _held(delivery: Delivery, where: str) -> tuple[str, str]:
+def _held(delivery: Delivery, where: Place) -> tuple[str, str]:
     """The job id and lease token of ``delivery``, checked as the state holds them (a
     delivery is made from a claim, but an application may build one)."""
     job_id, token = delivery.held
@@ -403,8 +425,11 @@ def _held(delivery: Delivery, where: str) -> tuple[str, str]:
 
 
 def ack(delivery: Delivery, *, outcome: str = "done", error: str | None = None) -> Ack:
-    where = f"ack of {shown(delivery.id, 80)}"
-    args = checked({"outcome": outcome, "error": error}, _AckArgs, where)
+    where = Where("ack of {}", delivery.id)
+    if outcome.__class__ is str and outcome == "done" and error is None:
+        args = _ACK_DONE  # the usual ack: nothing to check
+    else:
+        args = checked({"outcome": outcome, "error": error}, _AckArgs, where)
     job_id, token = _held(delivery, where)
     return Ack(job_id, token, args.outcome, _storable(args.error))
 
@@ -423,9 +448,9 @@ def note_outcome(
 def nack(
     delivery: Delivery, *, error: str | None = None, retry: bool = True, delay: Delay = None
 ) -> Nack:
-    where = f"nack of {shown(delivery.id, 80)}"
+    where = Where("nack of {}", delivery.id)
     args = checked(
-        {"error": error, "retry": retry, "delay": seconds(delay, f"{where}: delay")},
+        {"error": error, "retry": retry, "delay": seconds(delay, where.then(": delay"))},
         _NackArgs,
         where,
     )

@@ -38,7 +38,7 @@ from objq_broker.errors import (
     StateCorrupt,
     job_error,
 )
-from objq_broker.model.checks import shown
+from objq_broker.model.checks import Where
 from objq_broker.model.ops import Claim, Op
 from objq_broker.model.records import Job
 from objq_broker.model.settings import read_settings
@@ -147,7 +147,7 @@ class QueueCore:
         """The claim of up to ``n`` jobs from ``queues`` by ``options``' owner (default: this
         core's)."""
         names = [queues] if isinstance(queues, str) else list(queues)
-        builders.known_keywords(options, ClaimOptions, f"claim from {shown(names, 120)}")
+        builders.known_keywords(options, ClaimOptions, Where("claim from {}", names, 120))
         return builders.claim(
             names,
             n,

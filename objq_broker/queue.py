@@ -34,7 +34,7 @@ from objq_broker.core import (
 from objq_broker.engine.batch import EngineMetrics
 from objq_broker.engine.parts import Forwarded
 from objq_broker.engine.port import Committer
-from objq_broker.model.checks import checked_timeout, shown
+from objq_broker.model.checks import Where, checked_timeout
 from objq_broker.model.ops import (
     DeadLetters,
     Expire,
@@ -290,7 +290,7 @@ class Queue:
         seconds for at least one; without, return at once (maybe empty). Payloads kept out of
         line are read in parallel before this returns. ``options``:
         :class:`~objq_broker.core.ClaimOptions` (lease, owner, ordered)."""
-        timeout = checked_timeout(timeout, f"claim from {shown(queue, 80)}")
+        timeout = checked_timeout(timeout, Where("claim from {}", queue))
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             seen = self.core.commits

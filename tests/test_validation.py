@@ -242,6 +242,38 @@ def test_a_fractional_max_attempts_is_refused_and_nothing_is_committed(queue: Qu
         assert other.stats("q").ready == 1
 
 
+def test_arguments_accepted_once_are_checked_again_in_another_type(queue: Queue) -> None:
+    # Given enqueue and claim arguments accepted once (a producer's and a consumer's usual)
+    queue.enqueue("q", b"x", priority=1, delay=1, max_attempts=2)
+    assert [d.job.payload for d in queue.claim("q", lease=1)] == [b"held"]
+    version = Snapshot.read(queue.store).version
+    # When the same values come as bools, or in a container that cannot be remembered
+    refused: dict[str, Callable[[], object]] = {
+        r"enqueue to 'q': priority: expected int, found True": lambda: queue.enqueue(
+            "q", b"x", priority=True
+        ),
+        r"enqueue to 'q': delay: expected seconds or a timedelta, found True": lambda: (
+            queue.enqueue("q", b"x", delay=True)
+        ),
+        r"enqueue to 'q': max_attempts: expected int \| null, found True": lambda: queue.enqueue(
+            "q", b"x", max_attempts=True
+        ),
+        r"claim from \['q'\]: lease: expected seconds or a timedelta, found True": lambda: (
+            queue.claim("q", lease=True)
+        ),
+        r"claim from \['q'\]: n: expected int, found True": lambda: queue.claim("q", True),
+        r"enqueue to \['q'\]: queue: expected str": lambda: queue.enqueue(["q"], b"x"),  # type: ignore[arg-type]
+        r"claim from \[\['q'\]\]: queues: expected str, found \['q'\]": lambda: queue.claim(
+            [["q"]]  # type: ignore[list-item]
+        ),
+    }
+    # Then each is refused as the first time, saying where, and nothing is committed
+    for message, call in refused.items():
+        with pytest.raises(ConfigurationError, match=message):
+            call()
+    assert Snapshot.read(queue.store).version == version
+
+
 def test_the_model_refuses_settings_built_in_code() -> None:
     # A QueueConfig made in code skips msgspec's constraints; the model checks it again.
     state = QueueState()

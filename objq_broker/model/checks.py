@@ -139,7 +139,48 @@ def shown(value: object, limit: int = 200) -> str:
     return f"{text[: limit - 40]}... ({len(text)} characters in all)"
 
 
-def checked(data: Mapping[str, Any], type_: type[T], where: str) -> T:
+class Where:
+    """The opening of an error message naming a call and its subject (``"enqueue to 'q'"``),
+    made only when a message needs it. Most calls raise nothing, and making it for each would
+    cost a ``repr`` of the subject per enqueue, claim and ack."""
+
+    __slots__ = ("_limit", "_subject", "_template")
+
+    def __init__(self, template: str, subject: object, limit: int = 80) -> None:
+        """``template``: the text, with ``{}`` where :func:`shown` puts ``subject``."""
+        self._template, self._subject, self._limit = template, subject, limit
+
+    def __str__(self) -> str:
+        return self._template.format(shown(self._subject, self._limit))
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __eq__(self, other: object) -> bool:
+        # Equal when they would say the same: a key of a cache of checked arguments.
+        return isinstance(other, Where) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple[str, type, object, int]:
+        return self._template, type(self._subject), self._subject, self._limit
+
+    def then(self, part: str) -> Where:
+        """This place narrowed to one of its parts (``": delay"``), made as late."""
+        return Where(self._template + part, self._subject, self._limit)
+
+
+#: Where an error happened, for its message: the text, or a :class:`Where` that makes it.
+Place = str | Where
+
+
+def narrowed(where: Place, part: str) -> Place:
+    """``where`` narrowed to one of its parts (``": delay"``), made as late as ``where``."""
+    return where.then(part) if isinstance(where, Where) else where + part
+
+
+def checked(data: Mapping[str, Any], type_: type[T], where: Place) -> T:
     """``data`` converted to ``type_`` with every constraint checked (no coercion: ``"3"`` is
     not 3, ``True`` is not 1, 2.5 is not an ``int``), or :class:`ConfigurationError` saying
     which field, what it must be, and what was found."""
@@ -149,7 +190,7 @@ def checked(data: Mapping[str, Any], type_: type[T], where: str) -> T:
         raise ConfigurationError(_describe(exc, data, where)) from None
 
 
-def _describe(exc: msgspec.ValidationError, data: Mapping[str, Any], where: str) -> str:
+def _describe(exc: msgspec.ValidationError, data: Mapping[str, Any], where: Place) -> str:
     text = str(exc)
     match = _PATH.search(text)
     expected = text[: match.start()] if match else text
@@ -181,7 +222,9 @@ class _Wait(msgspec.Struct, frozen=True):
     timeout: Seconds | None
 
 
-def checked_timeout(timeout: object, where: str) -> float | None:
+def checked_timeout(timeout: object, where: Place) -> float | None:
     """``timeout`` as a number of seconds (or None: no wait), or :class:`ConfigurationError`:
     a NaN would make a waiting call never return."""
+    if timeout is None:
+        return None
     return checked({"timeout": timeout}, _Wait, where).timeout

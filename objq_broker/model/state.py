@@ -91,6 +91,7 @@ class QueueState:
         self._sweep_at = float("-inf")
         #: The archive tail last set, with its records as archive lines (:meth:`encode`).
         self._tail_lines: tuple[ArchiveTail, bytes] | None = None
+        self._tail_list: tuple[ArchiveTail, bytes, ArchiveTail] | None = None  # _spliced_tail
 
     # The transitions, a module per concern (each function takes the state first).
     declare = lifecycle.declare
@@ -355,6 +356,16 @@ class QueueState:
         kept = self._tail_lines
         return kept[1] if kept is not None and kept[0] is self.doc.archive_tail else None
 
+    def _spliced_tail(self, tail: ArchiveTail, lines: bytes) -> ArchiveTail:
+        """``tail`` with its records as the JSON list ``lines`` make, made once per tail: most
+        commits finish no job and keep the tail as it was."""
+        made = self._tail_list
+        if made is None or made[0] is not tail or made[1] is not lines:
+            # Lines of JSON, one per record, hold no raw newline: with commas, they are a list.
+            records = msgspec.Raw(b"[" + lines[:-1].replace(b"\n", b",") + b"]")
+            made = self._tail_list = (tail, lines, ArchiveTail(since=tail.since, records=records))  # type: ignore[arg-type]
+        return made[2]
+
     def encode(self) -> bytes:
         """The stored form of :meth:`to_doc`, re-encoding only the jobs that changed: a commit
         of a few ops on a deep queue costs a copy of the state, not a full encode."""
@@ -367,9 +378,7 @@ class QueueState:
         doc.jobs = jobs  # type: ignore[assignment]
         doc.dead = [msgspec.Raw(_job_encoder.encode(job)) for job in self.dead.values()]  # type: ignore[misc]
         if tail is not None and lines:
-            # Lines of JSON, one per record, hold no raw newline: with commas, they are a list.
-            records = msgspec.Raw(b"[" + lines[:-1].replace(b"\n", b",") + b"]")
-            doc.archive_tail = ArchiveTail(since=tail.since, records=records)  # type: ignore[arg-type]
+            doc.archive_tail = self._spliced_tail(tail, lines)
         try:
             return encode_state(doc)
         finally:

@@ -12,6 +12,7 @@ its own (most of them) are counted by the engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from objq_broker.model import ops
@@ -32,26 +33,31 @@ JOB_EVENTS = (
 def job_events(op: object, result: Any) -> dict[str, int]:
     """The job events of ``op``, which committed with ``result``; empty for operations that
     change no job (declarations, reads, heartbeats, broker records)."""
-    match op:
-        case ops.Enqueue():
-            # A live idempotency key answers with the earlier job, whose id is not the new one.
-            # (Not strict: counting must never fail a commit that landed.)
-            pairs = zip(op.items, result, strict=False)
-            return {"enqueued": sum(job.id == new.id for new, job in pairs)}
-        case ops.EnqueueStaged() | ops.EnqueueRuns():
-            return {"enqueued": result or 0}  # None: this write id was committed before
-        case ops.Claim():
-            return {"claimed": len(result)}
-        case ops.Ack(outcome="done"):
-            return {"acked": 1}
-        case ops.Ack():
-            return {"acked": 1, op.outcome: 1}
-        case ops.NoteOutcome():
-            return {op.outcome: 1}
-        case ops.Nack():
-            return {"dead_lettered": 1} if result == "dead" else {"retried": 1}
-        case ops.Release():
-            return {"released": sum(bool(done) for done in result)}
-        case ops.Expire():
-            return {"expired": result}
-    return {}
+    # By the operation's class, looked up once: counted for every operation of every commit.
+    count = _COUNTS.get(type(op))
+    return {} if count is None else count(op, result)
+
+
+def _enqueued(op: ops.Enqueue, result: Any) -> dict[str, int]:
+    # A live idempotency key answers with the earlier job, whose id is not the new one.
+    # (Not strict: counting must never fail a commit that landed.)
+    pairs = zip(op.items, result, strict=False)
+    return {"enqueued": sum(job.id == new.id for new, job in pairs)}
+
+
+def _acked(op: ops.Ack, result: Any) -> dict[str, int]:
+    return {"acked": 1} if op.outcome == "done" else {"acked": 1, op.outcome: 1}
+
+
+_COUNTS: dict[type, Callable[[Any, Any], dict[str, int]]] = {
+    ops.Enqueue: _enqueued,
+    # None: this write id was committed before.
+    ops.EnqueueStaged: lambda op, result: {"enqueued": result or 0},
+    ops.EnqueueRuns: lambda op, result: {"enqueued": result or 0},
+    ops.Claim: lambda op, result: {"claimed": len(result)},
+    ops.Ack: _acked,
+    ops.NoteOutcome: lambda op, result: {op.outcome: 1},
+    ops.Nack: lambda op, result: {"dead_lettered": 1} if result == "dead" else {"retried": 1},
+    ops.Release: lambda op, result: {"released": sum(bool(done) for done in result)},
+    ops.Expire: lambda op, result: {"expired": result},
+}

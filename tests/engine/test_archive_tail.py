@@ -147,6 +147,14 @@ def test_a_tail_kept_as_lines_is_stored_as_if_encoded_whole() -> None:
     whole.doc.archive_tail = plan.tail
     assert spliced.encode() == whole.encode()
     assert decode_state(spliced.encode(), "test").archive_tail == plan.tail
+    # A later tail is spliced in place of the one before, not beside it
+    later = plan_archive(plan.tail, [_record("e", ten + 3)], "d", ten + 3, held_lines=plan.lines)
+    assert later is not None and later.tail is not None
+    spliced.set_archive_tail(later.tail, later.lines)
+    whole.doc.archive_tail = later.tail
+    assert spliced.encode() == whole.encode()
+    stored = decode_state(spliced.encode(), "test").archive_tail
+    assert stored is not None and [r.job.id for r in stored.records] == ["a", "b\nc", "d", "e"]
     # A tail set otherwise (a state read again) has no lines kept: it is encoded whole
     spliced.doc.archive_tail = first.tail
     assert spliced.archive_lines() is None
