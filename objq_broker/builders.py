@@ -39,6 +39,7 @@ from objq_broker.model.checks import (
     checked,
     cut_text,
     narrowed,
+    plain_identifier,
     shown,
 )
 from objq_broker.model.ids import new_id
@@ -420,6 +421,8 @@ def _held(delivery: Delivery, where: Place) -> tuple[str, str]:
     """The job id and lease token of ``delivery``, checked as the state holds them (a
     delivery is made from a claim, but an application may build one)."""
     job_id, token = delivery.held
+    if plain_identifier(job_id) and plain_identifier(token):
+        return job_id, token  # as a claim made them: nothing a conversion would refuse
     held = checked({"job_id": job_id, "token": token}, _Held, where)
     return held.job_id, held.token
 

@@ -265,8 +265,8 @@ def _check_staged(store: ObjectStore, ops: list[Pending]) -> dict[str, str]:
     :func:`~objq_broker.engine.runs.check_staged`)."""
     unreadable: dict[str, str] = {}
     for pending in ops:
-        inner = pending.op.ops if isinstance(pending.op, Session) else [pending.op]
-        for op in inner:
+        # (No list per operation: this runs for every operation of every commit.)
+        for op in pending.op.ops if isinstance(pending.op, Session) else (pending.op,):
             if isinstance(op, EnqueueRuns):
                 unreadable |= check_staged(store, op.queue, op.runs)
     return unreadable

@@ -155,7 +155,7 @@ class TryWriter:
         if self.archive and (attempt.finished or doc.archive_tail is not None):
             self._write_archive(state, attempt, now)
         data = state.encode()
-        check_encoded(data, self._state_where)
+        check_encoded(data, self._state_where, checked=state.spliced)
         try:
             check_size(len(data), self._cache.max_state_bytes, attempt.results, self._cache.size)
         except StateTooLarge:

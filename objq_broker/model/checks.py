@@ -57,6 +57,15 @@ QueueName = Annotated[
     str, Meta(min_length=1, max_length=MAX_QUEUE_NAME, pattern=_QUEUE_NAME_PATTERN)
 ]
 Identifier = Annotated[str, Meta(min_length=1, max_length=MAX_IDENTIFIER, pattern=_TEXT_PATTERN)]
+
+
+def plain_identifier(value: object) -> bool:
+    """Whether ``value`` is an :data:`Identifier` for sure, without a conversion: ASCII text
+    (no surrogates, then) of an allowed length, as the ids and tokens objq makes are. False
+    says nothing: check it as an ``Identifier``."""
+    return type(value) is str and 0 < len(value) <= MAX_IDENTIFIER and value.isascii()
+
+
 #: Where objects written ahead of a staged write live (the Spark writer's layout): the state
 #: deletes them once their jobs are gone, so a staged write may name nothing else (not the
 #: state, not another queue's run), and no ``.`` or ``..`` step.

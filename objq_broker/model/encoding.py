@@ -50,35 +50,60 @@ def decode_state(data: bytes, where: str, max_bytes: int = DEFAULT_MAX_STATE_BYT
     return doc
 
 
-def check_encoded(data: bytes, where: str) -> None:
+def check_encoded(data: bytes, where: str, *, checked: bytes = b"") -> None:
     """Refuse to let a state be written that its own decoder would refuse.
 
     Every value is checked where it enters (``model.checks``), so this is the last line of
     defence, and it must not cost a decode per commit. What slips past type checks is a
     non-finite float: JSON has no way to write one, so msgspec writes ``null``, and the
     decoder then refuses the field. So the encoded bytes are searched for a field written as
-    ``null`` that may not be (a quote not escaped by a backslash cannot lie inside a string,
-    so payloads never match); only then is the state decoded, and refused if that fails.
-    The search is a substring search in C from one ``":null`` to the next (a state holds a
-    few, one per queue that never expires), with only the key before each looked at here: a
-    regular expression over the whole state cost milliseconds per commit."""
-    start = 0
-    while (end := data.find(b'":null', start)) >= 0:
-        start = end + len(b'":null')
-        opening = data.rfind(b'"', 0, end)  # a key holds no quote: this one opens it
-        name = data[opening + 1 : end]
+    ``null`` that may not be (:func:`refused_null`); only then is the state decoded, and
+    refused if that fails.
+
+    ``checked``: a part of ``data`` searched already (:func:`refused_null` found nothing in
+    it), left out of the search where it is found whole: the archive tail, the state's
+    largest part, which most commits keep as it was."""
+    skip = _found_whole(data, checked) if checked else None
+    if skip is None:
+        name = refused_null(data)
+    else:
+        name = refused_null(data, 0, skip) or refused_null(data, skip + len(checked))
+    if name is None:
+        return
+    try:
+        decode_state(data, where, max_bytes=len(data))
+    except StateCorrupt as exc:
+        raise StateCorrupt(
+            f"{where}: refusing to write a state that could not be read back "
+            f"(field {name!r} written as null): {exc}"
+        ) from exc
+
+
+def refused_null(data: bytes, start: int = 0, end: int | None = None) -> str | None:
+    """The first field of ``data[start:end]`` written as ``null`` that may not be, if any.
+
+    A substring search in C from one ``":null`` to the next (a state holds a few, one per
+    queue that never expires), with only the key before each looked at here: a regular
+    expression over the whole state cost milliseconds per commit. A quote not escaped by a
+    backslash cannot lie inside a string, so payloads never match."""
+    stop = len(data) if end is None else end
+    while (hit := data.find(b'":null', start, stop)) >= 0:
+        start = hit + len(b'":null')
+        opening = data.rfind(b'"', 0, hit)  # a key holds no quote: this one opens it
+        name = data[opening + 1 : hit]
         if opening < 0 or (opening > 0 and data[opening - 1] == _BACKSLASH):
             continue  # not a real key: its quote is escaped, inside a string
-        if not _FIELD_NAME.fullmatch(name) or name.decode() in _NULLABLE_FIELDS:
-            continue
-        try:
-            decode_state(data, where, max_bytes=len(data))
-        except StateCorrupt as exc:
-            raise StateCorrupt(
-                f"{where}: refusing to write a state that could not be read back "
-                f"(field {name.decode()!r} written as null): {exc}"
-            ) from exc
-        return
+        if _FIELD_NAME.fullmatch(name) and name.decode() not in _NULLABLE_FIELDS:
+            return name.decode()
+    return None
+
+
+def _found_whole(data: bytes, part: bytes) -> int | None:
+    """Where ``part`` lies in ``data``, looked for from the end (the archive tail is among the
+    state's last fields), or None if it is not there whole."""
+    end = data.rfind(part[-64:])
+    at = end + min(len(part), 64) - len(part)
+    return at if end >= 0 and at >= 0 and data.startswith(part, at) else None
 
 
 def _nullable_fields() -> frozenset[str]:
@@ -141,7 +166,7 @@ def _describe_format(data: bytes) -> str:
 
 
 def encode_archive(records: list[ArchiveRecord]) -> bytes:
-    return b"".join(_encoder.encode(record) + b"\n" for record in records)
+    return _encoder.encode_lines(records)
 
 
 def decode_archive(data: bytes, where: str) -> list[ArchiveRecord]:

@@ -36,7 +36,7 @@ from objq_broker.errors import QueueNotFound
 from objq_broker.model import leases, lifecycle, producing, reading, spilling
 from objq_broker.model.backlog import Backlog
 from objq_broker.model.bodies import split_ref
-from objq_broker.model.encoding import encode_state
+from objq_broker.model.encoding import encode_state, refused_null
 from objq_broker.model.indexed import QueueIndex
 from objq_broker.model.records import (
     FORMAT_VERSION,
@@ -91,7 +91,10 @@ class QueueState:
         self._sweep_at = float("-inf")
         #: The archive tail last set, with its records as archive lines (:meth:`encode`).
         self._tail_lines: tuple[ArchiveTail, bytes] | None = None
-        self._tail_list: tuple[ArchiveTail, bytes, ArchiveTail] | None = None  # _spliced_tail
+        self._tail_list: tuple[ArchiveTail, bytes, ArchiveTail, bytes] | None = None
+        #: The archive tail's bytes as the last :meth:`encode` spliced them in, if no field
+        #: in them is written as a refused null (see ``check_encoded``); else empty.
+        self.spliced = b""
 
     # The transitions, a module per concern (each function takes the state first).
     declare = lifecycle.declare
@@ -362,8 +365,12 @@ class QueueState:
         made = self._tail_list
         if made is None or made[0] is not tail or made[1] is not lines:
             # Lines of JSON, one per record, hold no raw newline: with commas, they are a list.
-            records = msgspec.Raw(b"[" + lines[:-1].replace(b"\n", b",") + b"]")
-            made = self._tail_list = (tail, lines, ArchiveTail(since=tail.since, records=records))  # type: ignore[arg-type]
+            listed = b"[" + lines[:-1].replace(b"\n", b",") + b"]"
+            spliced = ArchiveTail(since=tail.since, records=msgspec.Raw(listed))  # type: ignore[arg-type]
+            # Searched once here, not at every commit that keeps it (check_encoded).
+            clean = listed if refused_null(listed) is None else b""
+            made = self._tail_list = (tail, lines, spliced, clean)
+        self.spliced = made[3]
         return made[2]
 
     def encode(self) -> bytes:
@@ -373,6 +380,7 @@ class QueueState:
         jobs = self.index.encoded_jobs()
         doc.format = doc.needed_format()
         tail, lines = doc.archive_tail, self.archive_lines()
+        self.spliced = b""
         # msgspec encodes what a field holds: Raw fragments splice in as they are, so a deep
         # queue costs a copy, not a Python loop.
         doc.jobs = jobs  # type: ignore[assignment]

@@ -20,7 +20,7 @@ from objq_broker.engine.archive import (
     read_tail,
 )
 from objq_broker.errors import StateCorrupt
-from objq_broker.model.encoding import decode_state, encode_archive
+from objq_broker.model.encoding import check_encoded, decode_state, encode_archive
 from objq_broker.model.records import (
     FORMAT_VERSION,
     TAIL_FORMAT_VERSION,
@@ -159,6 +159,38 @@ def test_a_tail_kept_as_lines_is_stored_as_if_encoded_whole() -> None:
     spliced.doc.archive_tail = first.tail
     assert spliced.archive_lines() is None
     assert decode_state(spliced.encode(), "test").archive_tail == first.tail
+
+
+def test_a_spliced_tail_is_searched_for_nulls_once_and_a_bad_one_still_refused() -> None:
+    ten = datetime(2026, 3, 5, 10, 30, tzinfo=UTC).timestamp()
+    good = plan_archive(None, [_record("a", ten), _record("b", ten)], "c", ten)
+    assert good is not None and good.tail is not None
+    # Given a state whose tail was searched when it was spliced in
+    state = QueueState()
+    state.set_archive_tail(good.tail, good.lines)
+    data = state.encode()
+    assert state.spliced and data.count(state.spliced) == 1
+    check_encoded(data, "state.json", checked=state.spliced)
+    # Then a refused null outside the tail is still found
+    bad = data.replace(b'"format":', b'"version":null,"format":')
+    with pytest.raises(StateCorrupt, match="'version' written as null"):
+        check_encoded(bad, "state.json", checked=state.spliced)
+    # And a part given as searched is not searched again (this is what the tail saves)
+    poisoned = data.replace(b'"queue":"q"', b'"seq":null,"queue":"q"')
+    with pytest.raises(StateCorrupt, match="'seq' written as null"):
+        check_encoded(poisoned, "state.json")
+    given = state.spliced.replace(b'"queue":"q"', b'"seq":null,"queue":"q"')
+    check_encoded(poisoned, "state.json", checked=given)
+    # But a tail holding a refused null (a NaN time) is never taken as searched: refused
+    nan = _record("n", ten)
+    nan.job.enqueued_at = float("nan")
+    bad_tail = plan_archive(good.tail, [nan], "d", ten, held_lines=good.lines)
+    assert bad_tail is not None and bad_tail.tail is not None
+    state.set_archive_tail(bad_tail.tail, bad_tail.lines)
+    data = state.encode()
+    assert state.spliced == b""
+    with pytest.raises(StateCorrupt, match="'enqueued_at' written as null"):
+        check_encoded(data, "state.json", checked=state.spliced)
 
 
 def test_a_tail_written_out_by_a_commit_that_never_landed_is_read_once() -> None:
