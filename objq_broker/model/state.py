@@ -367,8 +367,10 @@ class QueueState:
             # Lines of JSON, one per record, hold no raw newline: with commas, they are a list.
             listed = b"[" + lines[:-1].replace(b"\n", b",") + b"]"
             spliced = ArchiveTail(since=tail.since, records=msgspec.Raw(listed))  # type: ignore[arg-type]
-            # Searched once here, not at every commit that keeps it (check_encoded).
-            clean = listed if refused_null(listed) is None else b""
+            # Searched once here, not at every commit that keeps it (check_encoded); and only
+            # the records added, when the lines before them were searched already.
+            held = made[1] if made is not None and made[3] and lines.startswith(made[1]) else b""
+            clean = listed if refused_null(lines, len(held)) is None else b""
             made = self._tail_list = (tail, lines, spliced, clean)
         self.spliced = made[3]
         return made[2]
