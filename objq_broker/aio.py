@@ -260,7 +260,9 @@ class AsyncQueue:
         **options: Unpack[JobOptions],
     ) -> Job:
         op = builders.enqueue(queue, [payload], keys=None if key is None else [key], **options)
-        [job] = await self._filled(await self._run(op))
+        jobs = await self._run(op)
+        # (Filled off the loop only when a payload is out of line: no coroutine otherwise.)
+        [job] = await self._filled(jobs) if _out_of_line(jobs) else jobs
         return job
 
     async def enqueue_many(

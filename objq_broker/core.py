@@ -240,7 +240,7 @@ class QueueCore:
                 job = self.fill(delivery.job)
                 if job.b64:
                     job.payload  # noqa: B018  (decodes, or raises PayloadInvalid)
-                filled.append(Delivery(job, delivery.token))
+                filled.append(delivery if job is delivery.job else Delivery(job, delivery.token))
             except (StateCorrupt, PayloadInvalid) as exc:
                 log.warning("dead-lettering job %s: %s", delivery.id, exc)
                 error = job_error(exc)
@@ -254,6 +254,8 @@ class QueueCore:
     def next_poll_wait(self, found: bool) -> float:
         """How long a claimer waits before looking again, after a claim that ``found`` jobs
         or not: doubles while claims find nothing, shared by every claimer of this core."""
+        if found and self._poll_wait == self.poll_seconds:
+            return self.poll_seconds  # nothing to reset (as if reset before any doubling)
         with self._arrivals:
             if found:
                 self._poll_wait = self.poll_seconds

@@ -117,7 +117,7 @@ def test_declare_and_configure_never_store_an_invalid_setting(name: str, value: 
         stored = getattr(q.config("q"), name)
         if name in GROUP_SETTINGS:  # unset (not stored), or a value of its own kind
             assert stored is msgspec.UNSET or (
-                stored is False if name == "fairness" else type(stored) is int and stored >= 1
+                type(stored) is bool if name == "fairness" else type(stored) is int and stored >= 1
             ), stored
             return
         if stored is None:  # "never", the default of the settings that may be unset
