@@ -91,19 +91,21 @@ def refused_null(data: bytes, start: int = 0, end: int | None = None) -> str | N
         start = hit + len(b'":null')
         opening = data.rfind(b'"', 0, hit)  # a key holds no quote: this one opens it
         name = data[opening + 1 : hit]
+        if name in _NULLABLE_NAMES:
+            continue  # (most hits: a queue's expires_seconds)
         if opening < 0 or (opening > 0 and data[opening - 1] == _BACKSLASH):
             continue  # not a real key: its quote is escaped, inside a string
-        if _FIELD_NAME.fullmatch(name) and name.decode() not in _NULLABLE_FIELDS:
+        if _FIELD_NAME.fullmatch(name):
             return name.decode()
     return None
 
 
 def _found_whole(data: bytes, part: bytes) -> int | None:
-    """Where ``part`` lies in ``data``, looked for from the end (the archive tail is among the
-    state's last fields), or None if it is not there whole."""
-    end = data.rfind(part[-64:])
-    at = end + min(len(part), 64) - len(part)
-    return at if end >= 0 and at >= 0 and data.startswith(part, at) else None
+    """Where the archive tail's records ``part`` (a JSON list) lie in ``data``, or None if
+    they are not there whole. They close the tail, the last field before two that hold no
+    list (``grouped``, ``group_runs``): so the last ``]}`` in the state ends them."""
+    at = data.rfind(b"]}") + 1 - len(part)
+    return at if at >= 0 and data.startswith(part, at) else None
 
 
 def _nullable_fields() -> frozenset[str]:
@@ -144,6 +146,7 @@ def _allows_none(kind: msgspec.inspect.Type) -> bool:
 _FIELD_NAME = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
 _BACKSLASH = ord("\\")
 _NULLABLE_FIELDS = _nullable_fields()
+_NULLABLE_NAMES = frozenset(name.encode() for name in _NULLABLE_FIELDS)
 
 
 def _corrupt_message(where: str, found: str, detail: str) -> str:
