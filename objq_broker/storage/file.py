@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -207,23 +207,24 @@ class FileStore(LocalStoreOps):
         self, key: str, data: bytes, *, if_version: str | None = None, if_absent: bool = False
     ) -> str:
         path = self._path(key)
-        where = self._where(key)
-        check_write_mode(if_version, if_absent, where)
+        if if_version is not None and (if_absent or type(if_version) is not str or not if_version):
+            check_write_mode(if_version, if_absent, self._where(key))  # raises, saying why
         with self._errors(key):
             if if_version is None:  # (an update's object is there: so is its folder)
                 path.parent.mkdir(parents=True, exist_ok=True)
-            # A write bound to lose is refused before its data is staged and fsynced; the
-            # check that counts is repeated under the lock (or is the link of a create).
-            self._check(path, if_version, if_absent, where)
+            if self._fsync or if_absent:
+                # A write bound to lose is refused before its data is staged and fsynced; the
+                # check that counts is repeated under the lock (or is the link of a create).
+                self._check(path, if_version, if_absent, key)
             if if_absent and self._link_creates:
-                version = self._create(path, data, where)
+                version = self._create(path, data, key)
                 if version is not None:
                     return version
             tmp, fd = self._stage(data)
             renamed = False
             try:
                 with self._locked(key):
-                    found = self._check(path, if_version, if_absent, where)
+                    found = self._check(path, if_version, if_absent, key)
                     floor = 0 if found is None else _mtime_of(found) + 1
                     mtime = max(time.time_ns(), floor)
                     os.utime(fd, ns=(mtime, mtime))
@@ -240,7 +241,7 @@ class FileStore(LocalStoreOps):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(tmp)
 
-    def _create(self, path: Path, data: bytes, where: str) -> str | None:
+    def _create(self, path: Path, data: bytes, key: str) -> str | None:
         """Create ``path`` holding ``data`` unless it exists, in one step: an unnamed file in
         the key's folder is written, fsynced and linked in under the key's name, and the link
         fails if the name is taken. None: this file system (or process) cannot, so the caller
@@ -262,9 +263,10 @@ class FileStore(LocalStoreOps):
                     # Through /proc: linkat() follows that link to the unnamed file itself.
                     os.link(f"{_PROC_FDS}/{fd}", path.name, dst_dir_fd=folder)
                 except FileExistsError:
-                    self._check(path, None, True, where)  # raises, naming the version found
+                    self._check(path, None, True, key)  # raises, naming the version found
                     raise PreconditionFailed(
-                        f"{where}: create-only write found an existing object (deleted since)"
+                        f"{self._where(key)}: create-only write found an existing object "
+                        "(deleted since)"
                     ) from None
                 except OSError as exc:
                     no_proc = exc.errno == errno.ENOENT and not os.path.isdir(_PROC_FDS)
@@ -286,24 +288,26 @@ class FileStore(LocalStoreOps):
         log.debug("%s: creates are staged and renamed: %s", self.url, exc)
         self._link_creates = False
 
-    def _check(self, path: Path, if_version: str | None, if_absent: bool, where: str) -> str | None:
-        """The key's current version, if the write's condition holds; else raise
-        :class:`PreconditionFailed` saying what was found."""
+    def _check(self, path: Path, if_version: str | None, if_absent: bool, key: str) -> str | None:
+        """The current version of ``key`` (at ``path``), if the write's condition holds; else
+        raise :class:`PreconditionFailed` saying what was found."""
         current = self._current(path)
         found = None if current is None else _version_of(current)
         if if_absent and found is not None:
             raise PreconditionFailed(
-                f"{where}: create-only write found an existing object (version {found})"
+                f"{self._where(key)}: create-only write found an existing object (version {found})"
             )
         if if_version is not None and found != if_version:
             shown = "no object" if found is None else f"version {found}"
-            raise PreconditionFailed(f"{where}: expected version {if_version}, found {shown}")
+            raise PreconditionFailed(
+                f"{self._where(key)}: expected version {if_version}, found {shown}"
+            )
         return found
 
     def _stage(self, data: bytes) -> tuple[str, int]:
         """``data`` in a new temporary file: its path, and a descriptor open on it (the
         caller closes it)."""
-        tmp = f"{self._tmp}/{uuid.uuid4().hex}.tmp"
+        tmp = f"{self._tmp}/{_temp_names.next()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             _write_all(fd, data)
@@ -387,6 +391,26 @@ class FileStore(LocalStoreOps):
 
     def close(self) -> None:
         """Nothing is held open between calls."""
+
+
+class _TempNames:
+    """Names for staged files, unique across the threads and processes of a host: a random
+    prefix per process (drawn again in a forked child) and a counter. A write staged per
+    commit need not ask the kernel for a random name each time."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._prefix = os.urandom(8).hex()
+        self._count = itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}-{next(self._count)}"
+
+
+_temp_names = _TempNames()
 
 
 def _write_all(fd: int, data: bytes) -> None:
