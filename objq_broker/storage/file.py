@@ -215,6 +215,7 @@ class FileStore(LocalStoreOps):
             if self._fsync or if_absent:
                 # A write bound to lose is refused before its data is staged and fsynced; the
                 # check that counts is repeated under the lock (or is the link of a create).
+                # Without fsync, staging costs less than this look, made at every commit.
                 self._check(path, if_version, if_absent, key)
             if if_absent and self._link_creates:
                 version = self._create(path, data, key)
