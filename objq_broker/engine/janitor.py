@@ -37,17 +37,20 @@ class Janitor:
 
     def delete(self, keys: Iterable[str], what: str) -> None:
         for key in keys:
-            self._submit(self.delete_now, key, what)
+            if not self._submit(self.delete_now, key, what):
+                self.delete_now(key, what)  # the interpreter is exiting: now, or never
 
     def sweep(self, find: Callable[[], list[str]], what: str) -> None:
         """Delete whatever ``find`` (which may list the store) returns, off the caller's
         thread; a listing that fails is tried again at the next sweep."""
-        self._submit(self._sweep_now, find, what)
+        if not self._submit(self._sweep_now, find, what):
+            log.debug("the interpreter is exiting: no sweep for %ss", what)
 
     def run(self, fn: Callable[[], None], what: str) -> None:
         """Run ``fn`` (reading ``what``) off the caller's thread; a failure is logged: what
         runs here is an optimisation, which the next try does again."""
-        self._submit(self._run_now, fn, what)
+        if not self._submit(self._run_now, fn, what):
+            log.debug("the interpreter is exiting: %s is not read", what)
 
     def _run_now(self, fn: Callable[[], None], what: str) -> None:
         try:
@@ -64,7 +67,9 @@ class Janitor:
         for key in doomed:
             self.delete_now(key, what)
 
-    def _submit(self, fn: Callable[..., None], *args: object) -> None:
+    def _submit(self, fn: Callable[..., None], *args: object) -> bool:
+        """Hand ``fn`` to a thread; False when no thread may start: the interpreter is
+        exiting (a queue closed at exit commits what was pending, and tidies up after)."""
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="objq-janitor")
@@ -72,9 +77,13 @@ class Janitor:
                 future = self._pool.submit(fn, *args)
             except RuntimeError:  # that pool was shut down under us: work on a new one
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="objq-janitor")
-                future = self._pool.submit(fn, *args)
+                try:
+                    future = self._pool.submit(fn, *args)
+                except RuntimeError:  # no pool takes work once the interpreter is exiting
+                    return False
             self._pending.add(future)
         future.add_done_callback(self._done)
+        return True
 
     def _done(self, future: Future[None]) -> None:
         with self._lock:
