@@ -15,10 +15,10 @@ import os
 import random
 import socket
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated, Any, Literal, TypedDict, Unpack
+from typing import Annotated, Any, Literal, TypedDict, TypeVar, Unpack
 
 import msgspec
 
@@ -68,6 +68,8 @@ from objq_broker.model.records import Job, JobState, QueueConfig, RunOutcome, en
 from objq_broker.model.values import NewJob, StagedBodies, StagedRun, settings_of
 
 __all__ = ["Delay", "Delivery", "JobOptions", "StagedBodies", "StagedRun"]
+
+R = TypeVar("R")
 
 #: A span of time as callers give it: seconds, a timedelta, or nothing.
 Delay = float | int | timedelta | None
@@ -267,10 +269,17 @@ def _enqueue_args(queue: str, options: JobOptions, where: Place) -> _EnqueueArgs
         "group": options.get("group"),
         "delay": options.get("delay"),
     }
+    return _remembered(_checked_enqueue_args, where, **given)
+
+
+def _remembered(check: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    """``check(...)``, a checked-arguments cache (``functools.lru_cache``), asked again
+    uncached when a value cannot be remembered (unhashable, and refused by the check)."""
     try:
-        return _checked_enqueue_args(where, **given)
-    except TypeError:  # an unhashable value, which the check refuses: not remembered
-        return _checked_enqueue_args.__wrapped__(where, **given)
+        return check(*args, **kwargs)
+    except TypeError:
+        uncached: Callable[..., R] = getattr(check, "__wrapped__")  # noqa: B009
+        return uncached(*args, **kwargs)
 
 
 # A producer sends to few queues with few sets of options: each set is checked once. Typed,
@@ -381,10 +390,7 @@ def claim(
 ) -> Claim:
     """``strict``: refuse a queue that is not declared (``QueueNotFound``). ``ordered``: take
     from the queues in the order given, not in turn."""
-    try:
-        args = _checked_claim_args(tuple(queues), n=n, owner=owner, lease=lease)
-    except TypeError:  # an unhashable value, which the check refuses: not remembered
-        args = _checked_claim_args.__wrapped__(list(queues), n=n, owner=owner, lease=lease)
+    args = _remembered(_checked_claim_args, tuple(queues), n=n, owner=owner, lease=lease)
     # One random base per claim: a delay-queue consumer may ask for thousands at a time.
     base = new_id()
     tokens = [f"{base}.{i}" for i in range(args.n)]

@@ -197,6 +197,12 @@ class LocalStoreOps:
             _CHECKED_KEYS.add(key)
         return key
 
+    def _write_mode(self, key: str, if_version: str | None, if_absent: bool) -> None:
+        """:func:`check_write_mode`, with the error's place made only when it raises: this
+        runs at every commit."""
+        if if_version is not None and (if_absent or type(if_version) is not str or not if_version):
+            check_write_mode(if_version, if_absent, self._where(key))
+
     def _prefix(self, prefix: str) -> str:
         """``prefix``, checked as :meth:`_key` checks a key."""
         return check_prefix(prefix, self._where(prefix))

@@ -46,7 +46,6 @@ from objq_broker.storage.base import (
     Listing,
     LocalStoreOps,
     ObjectMeta,
-    check_write_mode,
     join_key,
 )
 from objq_broker.storage.locks import LOCK_DIR, STALE_LOCK_SECONDS, KeyLocks
@@ -207,8 +206,7 @@ class FileStore(LocalStoreOps):
         self, key: str, data: bytes, *, if_version: str | None = None, if_absent: bool = False
     ) -> str:
         path = self._path(key)
-        if if_version is not None and (if_absent or type(if_version) is not str or not if_version):
-            check_write_mode(if_version, if_absent, self._where(key))  # raises, saying why
+        self._write_mode(key, if_version, if_absent)
         with self._errors(key):
             if if_version is None:  # (an update's object is there: so is its folder)
                 path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,6 @@ from objq_broker.storage.base import (
     Listing,
     LocalStoreOps,
     ObjectMeta,
-    check_write_mode,
 )
 
 
@@ -53,8 +52,7 @@ class MemoryStore(LocalStoreOps):
         self, key: str, data: bytes, *, if_version: str | None = None, if_absent: bool = False
     ) -> str:
         self._key(key)
-        if if_version is not None and (if_absent or type(if_version) is not str or not if_version):
-            check_write_mode(if_version, if_absent, self._where(key))  # raises, saying why
+        self._write_mode(key, if_version, if_absent)
         with self._lock:
             current = self._objects.get(key)
             if if_absent and current is not None:
