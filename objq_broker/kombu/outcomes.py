@@ -7,14 +7,25 @@ these signal handlers, run where the task ran (a prefork child, or the worker it
 outcome in the archive: ``failed`` when the task raised (its retries spent, or none asked for),
 ``retried`` when it asked to run again (``self.retry``, ``autoretry_for``), each with the
 error. The job's own record keeps "done"; readers of the archive take the note's outcome.
+
+A note is submitted, not waited for: the task's own result is already stored, and a failing
+task must not wait a commit more than it would on another broker (a chord of failing tasks
+ran each in half the time). The process waits for the notes it submitted when it stops
+(Celery's ``worker_process_shutdown`` in a pool child, ``worker_shutdown`` in the worker), so
+a child that leaves with ``os._exit`` loses none.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
 
 from objq_broker.errors import MAX_JOB_ERROR_CHARS, job_error
+
+if TYPE_CHECKING:
+    from objq_broker.queue import Queue
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +36,11 @@ QUEUE_PROPERTY = "objq_queue"
 TOKEN_PROPERTY = "objq_token"
 #: One connection of the signal handlers, however many times the transport is imported.
 _DISPATCH_UID = "objq_broker.kombu.outcomes"
+#: The longest a stopping process waits for its notes to be committed, per queue.
+NOTES_FLUSH_SECONDS = 10.0
+#: Queues this process submitted notes to since it last waited for them.
+_noted: weakref.WeakSet[Queue] = weakref.WeakSet()
+_noted_lock = threading.Lock()
 
 
 def connect() -> None:
@@ -34,6 +50,21 @@ def connect() -> None:
 
     signals.task_failure.connect(_on_failure, weak=False, dispatch_uid=_DISPATCH_UID)
     signals.task_retry.connect(_on_retry, weak=False, dispatch_uid=_DISPATCH_UID)
+    signals.worker_process_shutdown.connect(flush_notes, weak=False, dispatch_uid=_DISPATCH_UID)
+    signals.worker_shutdown.connect(flush_notes, weak=False, dispatch_uid=_DISPATCH_UID)
+
+
+def flush_notes(**_: Any) -> None:
+    """Wait until the notes this process submitted are committed (or failed, logged by
+    their queue); never raises, as a handler of a stopping worker."""
+    with _noted_lock:
+        queues = list(_noted)
+        _noted.clear()
+    for queue in queues:
+        try:
+            queue.flush(NOTES_FLUSH_SECONDS)
+        except Exception as exc:
+            log.warning("could not wait for the outcome notes sent to %s: %s", queue, exc)
 
 
 def error_text(exc: object) -> str | None:
@@ -68,6 +99,9 @@ def _note(task: Any, request: Any, outcome: str, error: str | None) -> None:
             transport = connection.transport
             if getattr(transport, "driver_type", None) != "objq":
                 return
-            transport.open_queue().note_outcome(job_id, queue, outcome, token=token, error=error)
+            objq = transport.open_queue()
+            objq.note_outcome(job_id, queue, outcome, token=token, error=error, wait=False)
+            with _noted_lock:
+                _noted.add(objq)
     except Exception as exc:  # the outcome is lost, the task's own result is not
         log.warning("could not archive outcome %s of job %s: %s", outcome, job_id, exc)
