@@ -138,6 +138,13 @@ class QueueCore:
         it is durable."""
         return self.committer.submit(op)
 
+    def submit_many(self, ops: Sequence[Op[Any]]) -> list[Future[Any]]:
+        """Submit several operations at once: the next batch takes them together (one commit,
+        or one session with a broker, unless they exceed one); a future for each."""
+        futures: list[Future[Any]] = [Future() for _ in ops]
+        self.committer.submit_to(list(zip(ops, futures, strict=True)))
+        return futures
+
     def call(self, op: Op[T]) -> T:
         """Commit an operation built by :mod:`objq_broker.builders` and wait until it is
         durable; its result."""

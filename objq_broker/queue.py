@@ -149,6 +149,10 @@ class Queue:
         it is durable."""
         return self.core.submit(op)
 
+    def submit_many(self, ops: Sequence[Op[Any]]) -> list[Future[Any]]:
+        """Submit several operations at once, to be committed together; a future for each."""
+        return self.core.submit_many(ops)
+
     def submit_claim(
         self, queues: str | Sequence[str], n: int = 1, **options: Unpack[ClaimOptions]
     ) -> Future[list[Delivery]]:

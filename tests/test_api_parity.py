@@ -17,6 +17,7 @@ LIBRARY = Path(__file__).resolve().parent.parent / "objq_broker"
 #: (asyncio code awaits a claim).
 SYNC_ONLY = {
     "submit",
+    "submit_many",
     "submit_claim",
     "then_fill",
     "fill",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Set
+from concurrent.futures import Future
 from queue import Empty
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from kombu.utils.json import dumps, loads
 
 from objq_broker import builders
 from objq_broker.consume import ClaimWindow
+from objq_broker.kombu.batch import BATCH_KEYWORD, Copies, PublishBatch
 from objq_broker.kombu.declaring import DeclaringChannel
 from objq_broker.kombu.outcomes import JOB_PROPERTY, QUEUE_PROPERTY, TOKEN_PROPERTY
 from objq_broker.queue import Delivery
@@ -100,16 +102,28 @@ class Channel(DeclaringChannel):
         queues = sorted(kind.lookup(bindings, exchange, routing_key, None))
         if not queues:
             log.info("message to exchange %r (key %r) matched no queue", exchange, routing_key)
-        self._put_many(queues, message)
+        self._put_many(queues, message, kw.get(BATCH_KEYWORD))
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-        self._put_many([queue], message)
+        self._put_many([queue], message, kwargs.get(BATCH_KEYWORD))
 
-    def _put_many(self, queues: Iterable[str], message: dict[str, Any]) -> None:
-        """One copy of ``message`` to each queue. A message routed through an exchange goes
-        only to queues that exist: a binding that outlived its queue (deleted, or expired
-        after its consumer was killed) must not bring the queue back to gather messages for
-        ever. Such a binding is removed here. Sent to a queue by name, it declares it."""
+    def create_publish_batch(self, max_size: int) -> PublishBatch:
+        """What ``Producer.batch()`` publishes through (kombu 5.7 on): see
+        :mod:`objq_broker.kombu.batch`."""
+        return PublishBatch(self, max_size)
+
+    def _put_many(
+        self, queues: Iterable[str], message: dict[str, Any], batch: PublishBatch | None
+    ) -> None:
+        """One copy of ``message`` to each queue: committed now, or held by ``batch``."""
+        copies = self._copies(queues, message)
+        if batch is not None:
+            batch.hold(copies)
+        else:
+            self.commit_copies([copies])
+
+    def _copies(self, queues: Iterable[str], message: dict[str, Any]) -> Copies:
+        """The enqueue of ``message`` to each of ``queues``."""
         payload = dumps(message).encode()
         priority = -self._get_message_priority(message)
         properties = message.get("properties", {})
@@ -118,24 +132,38 @@ class Channel(DeclaringChannel):
         # with apply_async(..., MessageGroupId="tenant-42") names its tenant the same way here.
         group = properties.get(GROUP_PROPERTY)
         names = list(queues)
-        futures = [
-            self.client.submit(
-                builders.enqueue(
-                    queue,
-                    [payload],
-                    priority=priority,
-                    max_attempts=self.settings.max_deliveries,
-                    to_declared=routed,
-                    group=None if group is None else str(group),
-                )
+        ops = [
+            builders.enqueue(
+                queue,
+                [payload],
+                priority=priority,
+                max_attempts=self.settings.max_deliveries,
+                to_declared=routed,
+                group=None if group is None else str(group),
             )
             for queue in names
         ]
-        # Submitted together: usually one commit for all copies.
-        gone = [queue for queue, future in zip(names, futures, strict=True) if not future.result()]
+        return names, ops
+
+    def commit_copies(self, messages: list[Copies]) -> None:
+        """Commit the copies of ``messages`` together (usually one commit) and wait for all.
+
+        A message routed through an exchange goes only to queues that exist: a binding that
+        outlived its queue (deleted, or expired after its consumer was killed) must not bring
+        the queue back to gather messages for ever. Such a binding is removed here. Sent to a
+        queue by name, a message declares it."""
+        names = [name for queues, _ in messages for name in queues]
+        ops = [op for _, ops in messages for op in ops]
+        if len(ops) == 1:
+            # The caller commits it (or sends it to the broker) itself when nothing else is
+            # pending: a hand-off to the writer thread and back would cost two thread switches.
+            stored = [self.client.core.call(ops[0])]
+        else:
+            stored = _all_settled(self.client.submit_many(ops))
+        gone = [name for name, jobs in zip(names, stored, strict=True) if not jobs]
         if gone:
             log.info("dropped a message routed to removed queue(s) %s; unbinding them", gone)
-            self.connection.exchanges.unbind_queues(gone)
+            self.connection.exchanges.unbind_queues(sorted(set(gone)))
 
     def _get_message_priority(self, message: dict[str, Any], reverse: bool = False) -> int:
         """kombu's reading of a message's priority: a number clamped into 0-9 (``300`` is 9,
@@ -372,6 +400,26 @@ class Channel(DeclaringChannel):
                 self.release_held()
         else:
             super().close()
+
+
+def _all_settled(futures: list[Future[Any]]) -> list[Any]:
+    """The results of ``futures`` once every one is settled: a copy that fails fails alone,
+    the others are committed, and the first failure is raised after all of them."""
+    results: list[Any] = []
+    failures: list[BaseException] = []
+    for future in futures:
+        try:
+            results.append(future.result())
+        except Exception as exc:
+            failures.append(exc)
+    if failures:
+        log.error(
+            "%d of %d message copies could not be published; the others were",
+            len(failures),
+            len(futures),
+        )
+        raise failures[0]
+    return results
 
 
 def _expired(props: dict[str, Any], enqueued_at: float, now: float) -> bool:

@@ -144,6 +144,7 @@ class Transport(virtual.Transport):
     default_port = None
     implements = virtual.Transport.implements.extend(
         asynchronous=True,  # through a wakeup socket: see objq_broker.kombu.events
+        batch_publish=True,  # Producer.batch(): see objq_broker.kombu.batch
         exchange_type=frozenset(["direct", "topic", "fanout"]),
         heartbeats=False,
     )
