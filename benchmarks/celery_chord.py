@@ -27,7 +27,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from celery import Celery, chord, group
+from celery_worker import BACKEND_ENV, BROKER_ENV, start_worker, stop_worker
 from provenance import objq_revision
 
 import objq_broker.kombu  # (registers the objq+... broker and backend URLs)
@@ -83,9 +83,7 @@ def make_app(broker_url: str, backend_url: str) -> Celery:
 
 
 # The worker subprocess loads this module (celery -A celery_chord) with the row's URLs.
-app = make_app(
-    os.environ.get("BENCH_BROKER_URL", "memory://"), os.environ.get("BENCH_BACKEND_URL", "")
-)
+app = make_app(os.environ.get(BROKER_ENV, "memory://"), os.environ.get(BACKEND_ENV, ""))
 
 
 @dataclass
@@ -93,25 +91,6 @@ class Chord:
     first: float  # seconds from the send to the callback's first task done
     last: float  # ... to its last
     cpu_per_task: float  # seconds of CPU, the worker's processes and this one, per task
-
-
-def start_worker(broker_url: str, backend_url: str, logs: Path) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "BENCH_BROKER_URL": broker_url,
-        "BENCH_BACKEND_URL": backend_url,
-        # A tree given on PYTHONPATH first (to measure another checkout), then this one's.
-        "PYTHONPATH": os.pathsep.join(
-            [*filter(None, [os.environ.get("PYTHONPATH")]), str(HERE), str(ROOT)]
-        ),
-    }
-    command = [
-        sys.executable, "-m", "celery", "-A", "celery_chord", "worker", "--pool", "prefork",
-        "--concurrency", "1", "--queues", QUEUE, "--loglevel", "CRITICAL", "--without-gossip",
-        "--without-mingle", "--without-heartbeat",
-    ]  # fmt: skip
-    with logs.open("ab") as out:
-        return subprocess.Popen(command, env=env, cwd=HERE, stdout=out, stderr=out)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -170,7 +149,7 @@ def measure(
 ) -> list[Chord]:
     made = make_app(broker_url, backend_url)
     logs = Path(tempfile.mkdtemp(prefix="objq-bench-chord-")) / "worker.log"
-    worker = start_worker(broker_url, backend_url, logs)
+    worker = start_worker("celery_chord", QUEUE, broker_url, backend_url, logs, loglevel="CRITICAL")
     try:
         made.signature("bench.identity", (0,)).delay().get(timeout=WORKER_START_SECONDS)
         chords = []
@@ -178,12 +157,7 @@ def measure(
             chords.append(run_chord(made, args.tasks, worker.pid, server_pid))
             time.sleep(1)  # the worker idles between chords, as between the suite's tests
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop_worker(worker)
         made.close()
     print(f"  {label}: done", flush=True)
     return chords

@@ -39,7 +39,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +49,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from celery import Celery
+from celery_worker import BACKEND_ENV, BROKER_ENV, start_worker, stop_worker
 from provenance import objq_revision
 
 import objq_broker.kombu  # noqa: F401  (registers the objq+... broker and backend URLs)
@@ -89,9 +89,7 @@ def make_app(broker_url: str, backend_url: str) -> Celery:
 
 
 # The worker subprocess loads this module (celery -A celery_results) with the row's URLs.
-app = make_app(
-    os.environ.get("BENCH_BROKER_URL", "memory://"), os.environ.get("BENCH_BACKEND_URL", "")
-)
+app = make_app(os.environ.get(BROKER_ENV, "memory://"), os.environ.get(BACKEND_ENV, ""))
 
 
 @dataclass
@@ -113,31 +111,6 @@ class Row:
     def p99(self) -> float:
         ordered = sorted(self.round_trips)
         return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-
-
-def start_worker(broker_url: str, backend_url: str, logs: Path) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "BENCH_BROKER_URL": broker_url,
-        "BENCH_BACKEND_URL": backend_url,
-        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
-    }
-    command = [
-        sys.executable, "-m", "celery", "-A", "celery_results", "worker", "--pool", "prefork",
-        "--concurrency", "1", "--queues", QUEUE, "--loglevel", "WARNING", "--without-gossip",
-        "--without-mingle", "--without-heartbeat",
-    ]  # fmt: skip
-    with logs.open("ab") as out:
-        return subprocess.Popen(command, env=env, cwd=HERE, stdout=out, stderr=out)
-
-
-def stop_worker(worker: subprocess.Popen[bytes]) -> None:
-    worker.terminate()
-    try:
-        worker.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        worker.kill()
-        worker.wait()
 
 
 def stores_per_second(made: Celery, count: int, threads: int) -> float:
@@ -165,7 +138,9 @@ def measure(
         os.environ["OBJQ_BROKER"] = broker_mode
     made = make_app(broker_url, backend_url)
     logs = Path(tempfile.mkdtemp(prefix="objq-bench-results-")) / "worker.log"
-    worker = start_worker(broker_url, backend_url, logs)
+    worker = start_worker(
+        "celery_results", QUEUE, broker_url, backend_url, logs, loglevel="WARNING"
+    )
     connection = made.connection_for_write()
     producer = made.amqp.Producer(connection)
     try:
