@@ -18,7 +18,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence, Sized
 from typing import Any, TypeVar, Unpack
 
 from objq_broker import builders
@@ -70,6 +70,12 @@ class _Mailbox:
             _settle(future, ok, value)
 
 
+#: Most operations a lone coroutine commits in a row without the loop getting a turn: a
+#: coroutine awaiting a future that is already done does not yield, so without a bound a
+#: claim-and-ack loop over a backlog would keep the loop's other tasks waiting.
+MAX_AT_ONCE = 16
+
+
 class _LoopBatch:
     """The operations one event loop's coroutines submitted in one turn of the loop, handed
     on together at the end of the turn: to the writer thread, or, on a store that never waits
@@ -82,8 +88,26 @@ class _LoopBatch:
         self._loop, self._committer, self._here = loop, committer, here
         self._mailbox = _Mailbox(loop)
         self._ops: list[tuple[ops.Op[Any], asyncio.Future[Any]]] = []
+        # The loop's callbacks ready to run in this turn (asyncio's own loop; another loop,
+        # such as uvloop's, shows none, and its operations always wait for the turn's end).
+        self._ready: Sized | None = getattr(loop, "_ready", None)
+        #: Operations committed at once since the loop last had a turn (see :meth:`add`).
+        self._at_once = 0
 
     def add(self, op: ops.Op[Any], future: asyncio.Future[Any]) -> None:
+        if (
+            self._here
+            and not self._ops
+            and self._ready is not None
+            and not self._ready
+            and self._at_once < MAX_AT_ONCE
+            and self._committer.commit_here([(op, _LoopOutcome(future))])
+        ):
+            # Nothing else runs in this turn of the loop, so no other coroutine can submit
+            # before its end: waiting for it would only cost the turn. Now and then the loop
+            # still gets its turn, for its timers and sockets.
+            self._at_once += 1
+            return
         self._ops.append((op, future))
         if len(self._ops) == 1:
             # After the coroutines ready now: those the last commit released submit theirs.
@@ -91,6 +115,7 @@ class _LoopBatch:
 
     def _commit(self) -> None:
         batch, self._ops = self._ops, []
+        self._at_once = 0
         try:
             if self._here and self._committer.commit_here(
                 [(op, _LoopOutcome(future)) for op, future in batch]

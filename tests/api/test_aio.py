@@ -99,3 +99,36 @@ def test_an_operation_on_a_closed_async_queue_fails_with_why() -> None:
         return "no error"
 
     assert asyncio.run(scenario()).startswith("QueueClosed")
+
+
+def test_a_lone_coroutine_committing_at_once_still_gives_the_loop_its_turns() -> None:
+    """On memory, a lone coroutine's operation commits at once (nothing else could join its
+    batch), and awaiting a future already done does not yield: the loop must still get its
+    turns, or a claim-and-ack loop over a backlog would stop its timers and sockets."""
+
+    async def scenario() -> tuple[int, int]:
+        async with AsyncQueue("memory://aio-turns") as q:
+            await q.declare("q")
+            await q.enqueue_many("q", [b"job"] * 1000)
+            ticks = 0
+
+            async def clock() -> None:  # woken by a timer, never ready in the same turn
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.001)
+                    ticks += 1
+
+            ticking = asyncio.create_task(clock())
+            await asyncio.sleep(0.01)
+            started, done = ticks, 0
+            while deliveries := await q.claim("q"):
+                await q.ack(deliveries[0])
+                done += 1
+            during = ticks - started
+            ticking.cancel()
+            return done, during
+
+    done, during = asyncio.run(scenario())
+    assert done == 1000
+    # Two operations a job, a turn of the loop at least every sixteen: the clock ticked
+    assert during >= 20, during
