@@ -67,7 +67,7 @@ from objq_broker.model.ops import (
 from objq_broker.model.records import Job, JobState, QueueConfig, RunOutcome, encode_payload
 from objq_broker.model.values import NewJob, StagedBodies, StagedRun, settings_of
 
-__all__ = ["Delay", "Delivery", "JobOptions", "StagedBodies", "StagedRun"]
+__all__ = ["Delay", "Delivery", "Enqueue", "JobOptions", "StagedBodies", "StagedRun"]
 
 R = TypeVar("R")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from objq_broker.model.ops import Enqueue
+from objq_broker.builders import Enqueue
 
 if TYPE_CHECKING:
     from objq_broker.kombu.channel import Channel
