@@ -154,6 +154,8 @@ class Channel(DeclaringChannel):
         queue by name, a message declares it."""
         names = [name for queues, _ in messages for name in queues]
         ops = [op for _, ops in messages for op in ops]
+        if not ops:
+            return  # routed to no queue (an event with nobody listening): nothing to commit
         if len(ops) == 1:
             # The caller commits it (or sends it to the broker) itself when nothing else is
             # pending: a hand-off to the writer thread and back would cost two thread switches.

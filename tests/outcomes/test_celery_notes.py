@@ -4,7 +4,6 @@ archive holds every failure though each child ran one task and left with ``os._e
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -14,10 +13,10 @@ import pytest
 
 from objq_broker.engine.archive import iter_archive
 from objq_broker.storage.url import open_store
+from tests.support.outcomes_worker import ROOT, outcomes_env, outcomes_worker
 from tests.support.processes import Children
 from tests.support.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 #: Tasks sent: ``divide`` fails for every tenth number, so for all of these.
 FAILING = list(range(0, 120, 10))
 STOP_GRACE_SECONDS = 60.0
@@ -37,17 +36,8 @@ def test_children_that_leave_after_each_failed_task_archive_every_note(
     broker: str, tmp_path: Path, children: Children
 ) -> None:
     url = (tmp_path / "store").as_uri()
-    env = dict(
-        os.environ,
-        CELERY_BROKER_URL=f"objq+{url}",
-        OBJQ_BROKER=broker,
-        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-    )
-    command = [
-        sys.executable, "-m", "celery", "-A", "tests.spark.celery_outcomes_app", "worker",
-        "--pool", "prefork", "--concurrency", "2", "--max-tasks-per-child", "1",
-        "--loglevel", "ERROR", "--without-gossip", "--without-mingle", "--without-heartbeat",
-    ]  # fmt: skip
+    env = outcomes_env(url, OBJQ_BROKER=broker)
+    command = outcomes_worker("--concurrency", "2", "--max-tasks-per-child", "1")
     children.start(command, env=env, cwd=ROOT, quiet=True, group=True)
     # Given failing tasks, each run by a child that leaves once it ran it
     sender = "\n".join(

@@ -5,7 +5,6 @@ message before it ran, and the report's failure rate reads what happened."""
 from __future__ import annotations
 
 import csv
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -17,10 +16,10 @@ import pytest
 from objq_broker.engine.archive import iter_archive
 from objq_broker.report import main as report_main
 from objq_broker.storage.url import open_store
+from tests.support.outcomes_worker import ROOT, outcomes_env, outcomes_worker
 from tests.support.processes import Children
 from tests.support.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 DIVIDED, RETRIED = 100, 5
 #: Seconds a worker may take for a warm shutdown after SIGTERM.
 STOP_GRACE_SECONDS = 60.0
@@ -42,16 +41,8 @@ def test_a_celery_app_with_failing_tasks_reports_its_failure_rate(
     spark: Any, tmp_path: Path, children: Children
 ) -> None:
     url = (tmp_path / "store").as_uri()
-    env = dict(
-        os.environ,
-        CELERY_BROKER_URL=f"objq+{url}",
-        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-    )
-    command = [
-        sys.executable, "-m", "celery", "-A", "tests.spark.celery_outcomes_app", "worker",
-        "--pool", "prefork", "--concurrency", "2", "--loglevel", "ERROR",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-    ]  # fmt: skip
+    env = outcomes_env(url)
+    command = outcomes_worker("--concurrency", "2")
     children.start(command, env=env, cwd=ROOT, quiet=True, group=True)
     # Given 100 `divide` tasks, one in ten failing, and 5 tasks that retry once
     sender = "\n".join(
