@@ -9,12 +9,17 @@ lists only the days it needs and reads only the hours it needs.
 An object per commit would cost each commit that finishes a job one more durable write before
 the state's (with one job per commit, a third of a worker's round trip). So a commit keeps the
 newest records in the state itself, its *archive tail* (:func:`plan_archive`), and writes them
-out as one object once they add up to :data:`DEFAULT_ARCHIVE_TAIL_BYTES`, or when a commit
-falls in a later hour than the first of them. A record is durable either way before its job
-leaves the state: it is in the very write that drops the job, or in an object written before.
-Readers (:func:`iter_archive`, ``objq archive cat``, Spark's ``archive`` table, the dashboard)
-read the tail with the objects. They read the state first: a tail written out meanwhile is then
-read twice, never missed, and :func:`iter_archive` yields each record once.
+out as one object once they add up to :data:`DEFAULT_ARCHIVE_TAIL_BYTES` and the tail has been
+carried by :data:`CARRIED_WRITES` state writes, or once they add up to :data:`TAIL_CAP` times
+that, or when a commit falls in a later hour than the first of them. The count of writes is
+what bounds the archive's share of a namespace's writes to a tenth: when every commit finishes
+dozens of jobs, their records would fill the tail at every other commit.
+
+A record is durable either way before its job leaves the state: it is in the very write that
+drops the job, or in an object written before. Readers (:func:`iter_archive`, ``objq archive
+cat``, Spark's ``archive`` table, the dashboard) read the tail with the objects. They read the
+state first: a tail written out meanwhile is then read twice, never missed, and
+:func:`iter_archive` yields each record once.
 
 A commit's time is a little later than the ``finished_at`` of the jobs it finishes (the jobs
 are stamped when the batch is applied, and a conflicting write is retried), so a job that
@@ -56,6 +61,12 @@ def archive_key(commit_id: str, committed_at: float) -> str:
 #: The archive tail is written out as an object once its records add up to this many bytes:
 #: about ten Celery messages, a hundred small jobs. 0: an object for every commit.
 DEFAULT_ARCHIVE_TAIL_BYTES = 16 * 1024
+#: ... and once this many state writes have carried it since it began (the one that began it
+#: included), so archive objects add at most one write to every ten of the state's.
+CARRIED_WRITES = 10
+#: A tail of this many times the tail's size is written out however few writes carried it:
+#: 256 KiB by default, what a state carries at most for the archive.
+TAIL_CAP = 16
 
 
 @dataclass(frozen=True)
@@ -77,14 +88,17 @@ def plan_archive(
     now: float,
     tail_bytes: int = DEFAULT_ARCHIVE_TAIL_BYTES,
     *,
+    version: int,
     held_lines: bytes | None = None,
 ) -> ArchivePlan | None:
-    """Where commit ``commit_id`` at ``now`` puts ``records``: in the state's tail, or, with
-    the tail, in an object once they reach ``tail_bytes``. A tail from an earlier hour is
-    written out first, to its own hour's folder, so an object never spans two hours. None:
-    nothing to do, the tail stays as it is (a commit that finishes no job, within its hour).
-    ``held_lines``: ``tail``'s records encoded, when the caller kept them (a commit that
-    finishes one job then encodes that job's record, not the whole tail again)."""
+    """Where commit ``commit_id`` at ``now``, writing state version ``version``, puts
+    ``records``: in the state's tail, or, with the tail, in an object once they reach
+    ``tail_bytes`` and :data:`CARRIED_WRITES` writes have carried the tail (or they reach
+    :data:`TAIL_CAP` times ``tail_bytes``). A tail from an earlier hour is written out first,
+    to its own hour's folder, so an object never spans two hours. None: nothing to do, the
+    tail stays as it is (a commit that finishes no job, within its hour). ``held_lines``:
+    ``tail``'s records encoded, when the caller kept them (a commit that finishes one job
+    then encodes that job's record, not the whole tail again)."""
     same_hour = tail is not None and _hour(tail.since) == _hour(now)
     if not records and (tail is None or (same_hour and tail_bytes > 0)):
         return None
@@ -97,13 +111,21 @@ def plan_archive(
     elif held_lines is None:
         held_lines = encode_archive(tail.records)
     held = [*(tail.records if tail is not None else []), *records]
-    since = tail.since if tail is not None else now
+    since, began = (tail.since, tail.version) if tail is not None else (now, version)
     lines = held_lines + encode_archive(records)  # one line per record: they add up
-    if not held or len(lines) >= tail_bytes:
+    if not held or _full(len(lines), tail_bytes, version - began + 1 if began else None):
         if held:
             objects.append((archive_key(commit_id, since), held))
         return ArchivePlan(objects, None)
-    return ArchivePlan(objects, ArchiveTail(since=since, records=held), lines)
+    return ArchivePlan(objects, ArchiveTail(since=since, records=held, version=began), lines)
+
+
+def _full(size: int, tail_bytes: int, carried: int | None) -> bool:
+    """Whether a tail of ``size`` bytes, carried by ``carried`` state writes with this one
+    (None: not known), is to be written out."""
+    if size < tail_bytes:
+        return False
+    return carried is None or carried >= CARRIED_WRITES or size >= tail_bytes * TAIL_CAP
 
 
 def _hour(at: float) -> int:

@@ -56,7 +56,8 @@ class EngineSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: Archive finished jobs (False: drop their records).
     archive: bool = True
     #: Bytes of finished jobs' records the state keeps before they are written out as one
-    #: archive object (0: an archive object with every commit that finishes jobs).
+    #: archive object, once ten state writes have carried them (``engine.archive``; 0: an
+    #: archive object with every commit that finishes jobs).
     archive_tail_bytes: Size = DEFAULT_ARCHIVE_TAIL_BYTES
     #: Most operations one commit applies.
     max_batch_ops: Count = 5000

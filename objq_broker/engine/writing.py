@@ -193,6 +193,7 @@ class TryWriter:
             attempt.commit_id,
             now,
             self.archive_tail_bytes,
+            version=state.doc.version,
             held_lines=state.archive_lines(),
         )
         if plan is None:

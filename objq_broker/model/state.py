@@ -29,6 +29,7 @@ The values they take and give (:class:`~objq_broker.model.values.NewJob`, ...) a
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import msgspec
 
@@ -366,7 +367,8 @@ class QueueState:
         if made is None or made[0] is not tail or made[1] is not lines:
             # Lines of JSON, one per record, hold no raw newline: with commas, they are a list.
             listed = b"[" + lines[:-1].replace(b"\n", b",") + b"]"
-            spliced = ArchiveTail(since=tail.since, records=msgspec.Raw(listed))  # type: ignore[arg-type]
+            raw: Any = msgspec.Raw(listed)  # spliced in as the records' list
+            spliced = ArchiveTail(since=tail.since, version=tail.version, records=raw)
             # Searched once here, not at every commit that keeps it (check_encoded); and only
             # the records added, when the lines before them were searched already.
             held = made[1] if made is not None and made[3] and lines.startswith(made[1]) else b""

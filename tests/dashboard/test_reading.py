@@ -18,7 +18,7 @@ from objq_broker.storage import MemoryStore
 
 
 # An object for every commit; one for every few (the newest in the state's tail); only the tail
-@pytest.mark.parametrize("tail_bytes", [0, 700, DEFAULT_ARCHIVE_TAIL_BYTES])
+@pytest.mark.parametrize("tail_bytes", [0, 1_500, DEFAULT_ARCHIVE_TAIL_BYTES])
 def test_archive_pages_follow_one_another_without_gaps_or_repeats(tail_bytes: int) -> None:
     # Given 7 jobs of one queue finished in 7 commits, and one of another queue
     store = MemoryStore(f"archive-pages-{tail_bytes}")

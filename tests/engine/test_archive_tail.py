@@ -11,6 +11,9 @@ import pytest
 from objq_broker import Queue
 from objq_broker.engine import STATE_KEY
 from objq_broker.engine.archive import (
+    CARRIED_WRITES,
+    DEFAULT_ARCHIVE_TAIL_BYTES,
+    TAIL_CAP,
     archive_key,
     archive_keys,
     iter_archive,
@@ -79,6 +82,25 @@ def test_acks_ride_in_the_state_until_their_records_fill_an_object() -> None:
         assert _archived(store) == [*written, b"after"]
 
 
+def test_the_archive_adds_at_most_one_write_to_every_ten_of_the_state() -> None:
+    store = MemoryStore("tail-share")
+    with Queue(store=store) as queue:
+        # Given rounds whose acks each finish 50 KiB of jobs, three times the tail's size
+        for round_ in range(20):
+            queue.enqueue_many("q", [b"%d" % round_ * 1_000] * 50)
+            for delivery in queue.claim("q", 50):
+                queue.ack(delivery, wait=False)
+            queue.flush()
+        metrics = queue.metrics()
+    # Then archive objects were written, but no more than one per ten state writes
+    assert metrics.archive_writes > 0
+    assert metrics.archive_writes * 10 <= metrics.state_writes, metrics
+    # and every finished job is archived once, none lost to the longer tail
+    archived = [record.job.id for record in iter_archive(store)]
+    assert len(archived) == len(set(archived)) == 1_000
+    assert len(encode_archive(read_tail(store))) < DEFAULT_ARCHIVE_TAIL_BYTES * TAIL_CAP
+
+
 def test_a_tail_from_an_earlier_hour_goes_to_its_own_hour_folder() -> None:
     store = MemoryStore("tail-hours")
     ten = datetime(2026, 3, 5, 10, 30, tzinfo=UTC).timestamp()
@@ -110,35 +132,47 @@ def _record(job_id: str, at: float) -> ArchiveRecord:
 def test_what_a_commit_does_with_the_records_of_the_jobs_it_finishes() -> None:
     ten = datetime(2026, 3, 5, 10, 30, tzinfo=UTC).timestamp()
     one = [_record("a", ten)]
-    tail = ArchiveTail(since=ten, records=one)
+    tail = ArchiveTail(since=ten, records=one, version=1)
     # Nothing finished: nothing to do, within the tail's hour, or with no tail
-    assert plan_archive(None, [], "c", ten) is None
-    assert plan_archive(tail, [], "c", ten + 60) is None
+    assert plan_archive(None, [], "c", ten, version=1) is None
+    assert plan_archive(tail, [], "c", ten + 60, version=2) is None
     # A small record joins the tail
-    plan = plan_archive(tail, [_record("b", ten + 60)], "c", ten + 60)
+    plan = plan_archive(tail, [_record("b", ten + 60)], "c", ten + 60, version=2)
     assert plan is not None and plan.objects == [] and plan.tail is not None
     assert [r.job.id for r in plan.tail.records] == ["a", "b"] and plan.tail.since == ten
     # The next hour writes the tail out to its own hour, even with nothing new
-    plan = plan_archive(tail, [], "c", ten + 3600)
+    plan = plan_archive(tail, [], "c", ten + 3600, version=2)
     assert plan is not None and plan.tail is None
     assert plan.objects == [(archive_key("c", ten), one)]
-    # Past the size, the tail and the new records go out together
+    # Past the size, the tail stays until ten state writes have carried it
     big = [_record("big", ten + 60)]
-    plan = plan_archive(tail, big, "c", ten + 60, tail_bytes=len(encode_archive(one + big)))
+    size = len(encode_archive(one + big))
+    for version in range(2, CARRIED_WRITES):
+        plan = plan_archive(tail, big, "c", ten + 60, size, version=version)
+        assert plan is not None and plan.objects == [] and plan.tail is not None
+        assert plan.tail.version == 1
+    # then the tail and the new records go out together
+    plan = plan_archive(tail, big, "c", ten + 60, size, version=CARRIED_WRITES)
     assert plan is not None and plan.tail is None
     assert plan.objects == [(archive_key("c", ten), one + big)]
+    # as they do at once past TAIL_CAP times the size, or when the tail's start is not known
+    plan = plan_archive(tail, big, "c", ten + 60, size // TAIL_CAP, version=2)
+    assert plan is not None and plan.objects == [(archive_key("c", ten), one + big)]
+    unknown = ArchiveTail(since=ten, records=one)
+    plan = plan_archive(unknown, big, "c", ten + 60, size, version=2)
+    assert plan is not None and plan.objects == [(archive_key("c", ten), one + big)]
     # and with no tail at all, every commit that finishes jobs writes an object
-    plan = plan_archive(None, big, "c", ten + 60, tail_bytes=0)
+    plan = plan_archive(None, big, "c", ten + 60, tail_bytes=0, version=2)
     assert plan is not None and plan.objects == [(archive_key("c", ten + 60), big)]
 
 
 def test_a_tail_kept_as_lines_is_stored_as_if_encoded_whole() -> None:
     ten = datetime(2026, 3, 5, 10, 30, tzinfo=UTC).timestamp()
     records = [_record("a", ten), _record("b\nc", ten + 1), _record("d", ten + 2)]
-    first = plan_archive(None, records[:1], "c", ten)
+    first = plan_archive(None, records[:1], "c", ten, version=1)
     assert first is not None and first.tail is not None
     # Given a commit that adds to a tail whose lines it was handed
-    plan = plan_archive(first.tail, records[1:], "c", ten + 2, held_lines=first.lines)
+    plan = plan_archive(first.tail, records[1:], "c", ten + 2, version=2, held_lines=first.lines)
     assert plan is not None and plan.tail is not None
     assert plan.lines == encode_archive(records)  # counted from the lines, not re-encoded
     # The state splices the lines in: the same bytes as the whole tail encoded
@@ -148,7 +182,9 @@ def test_a_tail_kept_as_lines_is_stored_as_if_encoded_whole() -> None:
     assert spliced.encode() == whole.encode()
     assert decode_state(spliced.encode(), "test").archive_tail == plan.tail
     # A later tail is spliced in place of the one before, not beside it
-    later = plan_archive(plan.tail, [_record("e", ten + 3)], "d", ten + 3, held_lines=plan.lines)
+    later = plan_archive(
+        plan.tail, [_record("e", ten + 3)], "d", ten + 3, version=3, held_lines=plan.lines
+    )
     assert later is not None and later.tail is not None
     spliced.set_archive_tail(later.tail, later.lines)
     whole.doc.archive_tail = later.tail
@@ -163,7 +199,7 @@ def test_a_tail_kept_as_lines_is_stored_as_if_encoded_whole() -> None:
 
 def test_a_spliced_tail_is_searched_for_nulls_once_and_a_bad_one_still_refused() -> None:
     ten = datetime(2026, 3, 5, 10, 30, tzinfo=UTC).timestamp()
-    good = plan_archive(None, [_record("a", ten), _record("b", ten)], "c", ten)
+    good = plan_archive(None, [_record("a", ten), _record("b", ten)], "c", ten, version=1)
     assert good is not None and good.tail is not None
     # Given a state whose tail was searched when it was spliced in
     state = QueueState()
@@ -184,7 +220,7 @@ def test_a_spliced_tail_is_searched_for_nulls_once_and_a_bad_one_still_refused()
     # But a tail holding a refused null (a NaN time) is never taken as searched: refused
     nan = _record("n", ten)
     nan.job.enqueued_at = float("nan")
-    bad_tail = plan_archive(good.tail, [nan], "d", ten, held_lines=good.lines)
+    bad_tail = plan_archive(good.tail, [nan], "d", ten, version=2, held_lines=good.lines)
     assert bad_tail is not None and bad_tail.tail is not None
     state.set_archive_tail(bad_tail.tail, bad_tail.lines)
     data = state.encode()
