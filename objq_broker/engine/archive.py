@@ -99,9 +99,9 @@ def plan_archive(
     tail stays as it is (a commit that finishes no job, within its hour). ``held_lines``:
     ``tail``'s records encoded, when the caller kept them (a commit that finishes one job
     then encodes that job's record, not the whole tail again)."""
-    same_hour = tail is not None and _hour(tail.since) == _hour(now)
-    if not records and (tail is None or (same_hour and tail_bytes > 0)):
+    if not records and not tail_due(tail, now, tail_bytes):
         return None
+    same_hour = tail is not None and _hour(tail.since) == _hour(now)
     objects: list[tuple[str, list[ArchiveRecord]]] = []
     if tail is not None and not same_hour:
         objects.append((archive_key(commit_id, tail.since), tail.records))
@@ -118,6 +118,13 @@ def plan_archive(
             objects.append((archive_key(commit_id, since), held))
         return ArchivePlan(objects, None)
     return ArchivePlan(objects, ArchiveTail(since=since, records=held, version=began), lines)
+
+
+def tail_due(tail: ArchiveTail | None, now: float, tail_bytes: int) -> bool:
+    """Whether a commit at ``now`` that finishes no job must still write ``tail`` out: it is
+    from an earlier hour, or the tail is off (``tail_bytes`` 0; a tail an earlier setting
+    left). Most commits finish nothing, and this is all they cost the archive."""
+    return tail is not None and (tail_bytes == 0 or _hour(tail.since) != _hour(now))
 
 
 def _full(size: int, tail_bytes: int, carried: int | None) -> bool:

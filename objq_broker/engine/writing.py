@@ -14,7 +14,7 @@ import functools
 import logging
 import time
 
-from objq_broker.engine.archive import plan_archive
+from objq_broker.engine.archive import plan_archive, tail_due
 from objq_broker.engine.batch import Attempt, EngineMetrics
 from objq_broker.engine.bindings import unbind_queues
 from objq_broker.engine.bodies import BodyCache
@@ -152,10 +152,12 @@ class TryWriter:
         doc.recent_commits = [*doc.recent_commits, attempt.commit_id][-RECENT_COMMITS:]
         self._write_bodies(state, attempt)
         self._write_runs(state, attempt)
-        if self.archive and (attempt.finished or doc.archive_tail is not None):
+        if self.archive and (
+            attempt.finished or tail_due(doc.archive_tail, now, self.archive_tail_bytes)
+        ):
             self._write_archive(state, attempt, now)
         data = state.encode()
-        check_encoded(data, self._state_where, checked=state.spliced)
+        check_encoded(data, self._state_where, only=state.unchecked)
         try:
             check_size(len(data), self._cache.max_state_bytes, attempt.results, self._cache.size)
         except StateTooLarge:

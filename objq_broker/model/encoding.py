@@ -50,7 +50,7 @@ def decode_state(data: bytes, where: str, max_bytes: int = DEFAULT_MAX_STATE_BYT
     return doc
 
 
-def check_encoded(data: bytes, where: str, *, checked: bytes = b"") -> None:
+def check_encoded(data: bytes, where: str, *, only: bytes | None = None) -> None:
     """Refuse to let a state be written that its own decoder would refuse.
 
     Every value is checked where it enters (``model.checks``), so this is the last line of
@@ -60,14 +60,10 @@ def check_encoded(data: bytes, where: str, *, checked: bytes = b"") -> None:
     ``null`` that may not be (:func:`refused_null`); only then is the state decoded, and
     refused if that fails.
 
-    ``checked``: a part of ``data`` searched already (:func:`refused_null` found nothing in
-    it), left out of the search where it is found whole: the archive tail, the state's
-    largest part, which most commits keep as it was."""
-    skip = _found_whole(data, checked) if checked else None
-    if skip is None:
-        name = refused_null(data)
-    else:
-        name = refused_null(data, 0, skip) or refused_null(data, skip + len(checked))
+    ``only``: the part of ``data`` that may hold such a field, when the rest was searched as
+    it was made (a state's jobs and archive tail, kept encoded between commits, which most
+    commits keep as they were: ``QueueState.encode``)."""
+    name = refused_null(data if only is None else only)
     if name is None:
         return
     try:
@@ -98,14 +94,6 @@ def refused_null(data: bytes, start: int = 0, end: int | None = None) -> str | N
         if _FIELD_NAME.fullmatch(name):
             return name.decode()
     return None
-
-
-def _found_whole(data: bytes, part: bytes) -> int | None:
-    """Where the archive tail's records ``part`` (a JSON list) lie in ``data``, or None if
-    they are not there whole. They close the tail, the last field before two that hold no
-    list (``grouped``, ``group_runs``): so the last ``]}`` in the state ends them."""
-    at = data.rfind(b"]}") + 1 - len(part)
-    return at if at >= 0 and data.startswith(part, at) else None
 
 
 def _nullable_fields() -> frozenset[str]:

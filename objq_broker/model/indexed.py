@@ -23,6 +23,7 @@ from typing import Literal
 
 import msgspec
 
+from objq_broker.model.encoding import refused_null
 from objq_broker.model.records import Job, OrderKey, QueueConfig
 
 #: A ready heap's entry: jobs come out by priority, then in the order they were enqueued.
@@ -201,8 +202,10 @@ class QueueIndex:
         #: The same, per queue: a broker wakes as many claimers parked on a queue as it got.
         self.readied_in: dict[str, int] = {}
         #: Encoded JSON of each job as of the last encode, and the ids changed since.
-        self._raw: dict[str, msgspec.Raw] = {}
+        self._raw: dict[str, bytes] = {}
         self._stale: set[str] = set()
+        #: The jobs whose JSON holds a field written as a refused null (``model.encoding``).
+        self._unclean: set[str] = set()
         #: Delayed (unleased) jobs pushed on each queue's timed heap, and (delayed jobs found,
         #: pushes) as of the last time :meth:`take_delayed` scanned it: a bound on those held.
         self._timed_pushes: dict[str, int] = {}
@@ -538,17 +541,24 @@ class QueueIndex:
         self._now = start
         self._passes[queue] = start + 1.0 / weight
 
-    def encoded_jobs(self) -> list[msgspec.Raw]:
+    def encoded_jobs(self) -> tuple[list[bytes], bool]:
         """The encoded JSON of every live job, re-encoding only those changed since the last
-        call: a commit of a few ops on a deep queue costs a copy, not a full encode."""
-        raw, jobs = self._raw, self.jobs
+        call: a commit of a few ops on a deep queue costs a copy, not a full encode. And
+        whether none of them holds a field written as a refused null: each is searched once,
+        when it is encoded, not at every commit that keeps it."""
+        raw, jobs, unclean = self._raw, self.jobs, self._unclean
         for job_id in self._stale:
             job = jobs.get(job_id)
             if job is None:
                 raw.pop(job_id, None)
+                unclean.discard(job_id)
+                continue
+            encoded = raw[job_id] = _job_encoder.encode(job)
+            if refused_null(encoded) is None:
+                unclean.discard(job_id)
             else:
-                raw[job_id] = msgspec.Raw(_job_encoder.encode(job))
+                unclean.add(job_id)
         self._stale.clear()
         # ``raw`` holds exactly the live jobs (in its own order; the order of jobs in the
         # document carries no meaning).
-        return list(raw.values())
+        return list(raw.values()), not unclean

@@ -281,7 +281,6 @@ class ArchiveTail(msgspec.Struct, kw_only=True):
     #: The state version whose write began the tail: it leaves for an object no sooner than
     #: :data:`~objq_broker.engine.archive.CARRIED_WRITES` writes later. 0: not known (a tail
     #: written by a release before it, or rewritten by one), so the tail may leave at once.
-    #: Before ``records``, which must close the tail (``model.encoding._found_whole``).
     version: int = 0
     records: list[ArchiveRecord]
 

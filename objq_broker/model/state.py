@@ -92,10 +92,12 @@ class QueueState:
         self._sweep_at = float("-inf")
         #: The archive tail last set, with its records as archive lines (:meth:`encode`).
         self._tail_lines: tuple[ArchiveTail, bytes] | None = None
-        self._tail_list: tuple[ArchiveTail, bytes, ArchiveTail, bytes] | None = None
-        #: The archive tail's bytes as the last :meth:`encode` spliced them in, if no field
-        #: in them is written as a refused null (see ``check_encoded``); else empty.
-        self.spliced = b""
+        #: The archive tail last encoded: (tail, its lines, its JSON, searched clean).
+        self._tail_made: tuple[ArchiveTail, bytes, bytes, bool] | None = None
+        #: The part of the last :meth:`encode`'s bytes that may still hold a field written as
+        #: a refused null (see ``check_encoded``): all of them, or all but the parts searched
+        #: when they were made.
+        self.unchecked = b""
 
     # The transitions, a module per concern (each function takes the state first).
     declare = lifecycle.declare
@@ -360,42 +362,63 @@ class QueueState:
         kept = self._tail_lines
         return kept[1] if kept is not None and kept[0] is self.doc.archive_tail else None
 
-    def _spliced_tail(self, tail: ArchiveTail, lines: bytes) -> ArchiveTail:
-        """``tail`` with its records as the JSON list ``lines`` make, made once per tail: most
-        commits finish no job and keep the tail as it was."""
-        made = self._tail_list
-        if made is None or made[0] is not tail or made[1] is not lines:
+    def _encoded_tail(self, tail: ArchiveTail) -> tuple[bytes, bool]:
+        """``tail`` encoded, and whether no field of it is written as a refused null (see
+        ``check_encoded``); made once per tail: most commits finish no job and keep the tail
+        as it was. A tail set with its lines is not encoded again: its records are the JSON
+        list the lines make, and only the records added since the last are searched, when
+        the lines before them were searched already."""
+        made = self._tail_made
+        if made is not None and made[0] is tail:
+            return made[2], made[3]
+        kept = self._tail_lines
+        lines = kept[1] if kept is not None and kept[0] is tail else b""
+        if lines:
             # Lines of JSON, one per record, hold no raw newline: with commas, they are a list.
-            listed = b"[" + lines[:-1].replace(b"\n", b",") + b"]"
-            raw: Any = msgspec.Raw(listed)  # spliced in as the records' list
-            spliced = ArchiveTail(since=tail.since, version=tail.version, records=raw)
-            # Searched once here, not at every commit that keeps it (check_encoded); and only
-            # the records added, when the lines before them were searched already.
+            listed: Any = msgspec.Raw(b"[" + lines[:-1].replace(b"\n", b",") + b"]")
+            spliced = ArchiveTail(since=tail.since, version=tail.version, records=listed)
+            encoded = _job_encoder.encode(spliced)
             held = made[1] if made is not None and made[3] and lines.startswith(made[1]) else b""
-            clean = listed if refused_null(lines, len(held)) is None else b""
-            made = self._tail_list = (tail, lines, spliced, clean)
-        self.spliced = made[3]
-        return made[2]
+            clean = refused_null(lines, len(held)) is None
+        else:
+            encoded = _job_encoder.encode(tail)
+            clean = refused_null(encoded) is None
+        self._tail_made = (tail, lines, encoded, clean)
+        return encoded, clean
 
     def encode(self) -> bytes:
         """The stored form of :meth:`to_doc`, re-encoding only the jobs that changed: a commit
-        of a few ops on a deep queue costs a copy of the state, not a full encode."""
+        of a few ops on a deep queue costs a copy of the state, not a full encode.
+
+        The jobs and the archive tail, the state's bulk, come last (a JSON object's fields
+        may come in any order), from bytes kept between commits and searched once, when they
+        were made, for a field written as a refused null. :attr:`unchecked` is then the rest,
+        the only part of the state that still needs that search (``check_encoded``)."""
         doc = self.doc
-        jobs = self.index.encoded_jobs()
+        jobs, jobs_clean = self.index.encoded_jobs()
         doc.format = doc.needed_format()
-        tail, lines = doc.archive_tail, self.archive_lines()
-        self.spliced = b""
-        # msgspec encodes what a field holds: Raw fragments splice in as they are, so a deep
-        # queue costs a copy, not a Python loop.
-        doc.jobs = jobs  # type: ignore[assignment]
+        tail = doc.archive_tail
         doc.dead = [msgspec.Raw(_job_encoder.encode(job)) for job in self.dead.values()]  # type: ignore[misc]
-        if tail is not None and lines:
-            doc.archive_tail = self._spliced_tail(tail, lines)
+        doc.jobs, doc.archive_tail = [], None
         try:
-            return encode_state(doc)
+            rest = encode_state(doc)  # without its jobs or its tail
         finally:
-            doc.jobs, doc.dead = [], []  # to_doc() builds them when asked
+            doc.dead = []  # to_doc() builds them when asked
             doc.archive_tail = tail
+        head = rest[:-1]  # the closing brace comes after the jobs and the tail
+        clean = jobs_clean
+        if tail is not None:
+            encoded_tail, tail_clean = self._encoded_tail(tail)
+            head += b',"archive_tail":' + encoded_tail
+            clean = clean and tail_clean
+        if jobs:
+            jobs[0] = head + b',"jobs":[' + jobs[0]
+            jobs[-1] += b"]}"
+            data = b",".join(jobs)
+        else:
+            data = head + b"}"
+        self.unchecked = rest if clean else data
+        return data
 
     def list_jobs(
         self, queue: str, now: float, state: JobState | None = None, limit: int | None = None

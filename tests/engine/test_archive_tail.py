@@ -32,6 +32,7 @@ from objq_broker.model.records import (
     Job,
 )
 from objq_broker.model.state import QueueState
+from objq_broker.model.values import NewJob
 from objq_broker.storage import MemoryStore, open_store
 from tests.support.clock import ManualClock
 from tests.support.releases import ENQUEUE_ONE, check_out, run_under
@@ -197,36 +198,53 @@ def test_a_tail_kept_as_lines_is_stored_as_if_encoded_whole() -> None:
     assert decode_state(spliced.encode(), "test").archive_tail == first.tail
 
 
-def test_a_spliced_tail_is_searched_for_nulls_once_and_a_bad_one_still_refused() -> None:
+def test_the_tail_and_the_jobs_are_searched_for_nulls_once_and_a_bad_one_still_refused() -> None:
     ten = datetime(2026, 3, 5, 10, 30, tzinfo=UTC).timestamp()
     good = plan_archive(None, [_record("a", ten), _record("b", ten)], "c", ten, version=1)
     assert good is not None and good.tail is not None
-    # Given a state whose tail was searched when it was spliced in
+    # Given a state with a job and a tail, both searched when they were made
     state = QueueState()
+    state.declare("q", now=ten)
+    state.enqueue([NewJob("j", "q", "payload")], ten)
     state.set_archive_tail(good.tail, good.lines)
     data = state.encode()
-    assert state.spliced and data.count(state.spliced) == 1
-    check_encoded(data, "state.json", checked=state.spliced)
-    # Then a refused null outside the tail is still found
-    bad = data.replace(b'"format":', b'"version":null,"format":')
+    # Then only the rest of the state is left to search, and it is clean
+    assert b'"archive_tail"' not in state.unchecked and b'"jobs"' not in state.unchecked
+    assert len(state.unchecked) < len(data) / 2
+    check_encoded(data, "state.json", only=state.unchecked)
+    assert decode_state(data, "test").archive_tail == good.tail
+    # And a refused null in that rest is still found
+    bad = state.unchecked.replace(b'"format":', b'"version":null,"format":')
     with pytest.raises(StateCorrupt, match="'version' written as null"):
-        check_encoded(bad, "state.json", checked=state.spliced)
-    # And a part given as searched is not searched again (this is what the tail saves)
+        check_encoded(data.replace(state.unchecked[:-1], bad[:-1]), "state.json", only=bad)
+    # But a part searched when it was made is not searched again (this is what it saves)
     poisoned = data.replace(b'"queue":"q"', b'"seq":null,"queue":"q"')
     with pytest.raises(StateCorrupt, match="'seq' written as null"):
         check_encoded(poisoned, "state.json")
-    given = state.spliced.replace(b'"queue":"q"', b'"seq":null,"queue":"q"')
-    check_encoded(poisoned, "state.json", checked=given)
-    # But a tail holding a refused null (a NaN time) is never taken as searched: refused
+    check_encoded(poisoned, "state.json", only=state.unchecked)
+    # A tail holding a refused null (a NaN time) is never taken as searched: refused
     nan = _record("n", ten)
     nan.job.enqueued_at = float("nan")
     bad_tail = plan_archive(good.tail, [nan], "d", ten, version=2, held_lines=good.lines)
     assert bad_tail is not None and bad_tail.tail is not None
     state.set_archive_tail(bad_tail.tail, bad_tail.lines)
     data = state.encode()
-    assert state.spliced == b""
+    assert state.unchecked == data
     with pytest.raises(StateCorrupt, match="'enqueued_at' written as null"):
-        check_encoded(data, "state.json", checked=state.spliced)
+        check_encoded(data, "state.json", only=state.unchecked)
+    # nor is a job holding one, until it changes again
+    state.set_archive_tail(good.tail, good.lines)
+    [job] = state.jobs.values()
+    job.visible_at = float("nan")
+    state.index.changed(job)
+    data = state.encode()
+    assert state.unchecked == data
+    with pytest.raises(StateCorrupt, match="'visible_at' written as null"):
+        check_encoded(data, "state.json", only=state.unchecked)
+    job.visible_at = ten
+    state.index.changed(job)
+    state.encode()
+    assert len(state.unchecked) < len(data) / 2
 
 
 def test_a_tail_written_out_by_a_commit_that_never_landed_is_read_once() -> None:
