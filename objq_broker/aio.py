@@ -242,6 +242,10 @@ class AsyncQueue:
 
     def _on_commit(self) -> None:
         """On the writer thread after each commit: wake the claims waiting for one."""
+        if not self._waiters:
+            # A claim that starts waiting after this look sees the commit already counted
+            # (the core's listener ran first): it does not wait for it.
+            return
         with self._lock:
             waiters = list(self._waiters)
         for loop, event in waiters:

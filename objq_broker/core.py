@@ -127,6 +127,7 @@ class QueueCore:
         self._poll_wait = read.poll_seconds  # grows while claims find nothing
         self._arrivals = threading.Condition()
         self._commits = 0  # batches committed; claimers wait for it to move
+        self._waiting = 0  # claimers waiting in wait_until: a commit wakes them
         self._arrival_listeners: list[Callable[[], None]] = []
         self._readied_seen: object = None
         self.committer.on_commit(self._wake_claimers)
@@ -285,7 +286,11 @@ class QueueCore:
         """Wait until ``done()`` holds, asking again after each commit, for at most
         ``timeout`` seconds; returns its last answer."""
         with self._arrivals:
-            return self._arrivals.wait_for(done, timeout)
+            self._waiting += 1
+            try:
+                return self._arrivals.wait_for(done, timeout)
+            finally:
+                self._waiting -= 1
 
     def on_arrivals(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call ``listener`` whenever jobs may have become claimable, as far as this process
@@ -308,7 +313,8 @@ class QueueCore:
     def _wake_claimers(self) -> None:
         with self._arrivals:
             self._commits += 1
-            self._arrivals.notify_all()
+            if self._waiting:  # (a claimer that waits later sees the count under the lock)
+                self._arrivals.notify_all()
             listeners = list(self._arrival_listeners) if self._jobs_readied() else []
         for listener in listeners:
             try:

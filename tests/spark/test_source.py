@@ -289,7 +289,9 @@ def test_filters_on_queue_and_time_are_pushed_down(spark: Any, tmp_path: Path) -
 
 def test_the_archive_table_reads_the_state_tail_once(spark: Any, tmp_path: Path) -> None:
     url = (tmp_path / "store").as_uri()
-    with Queue(url) as queue:  # two records in an object, then three in the state's tail
+    # Two records in an object (past 16 times the tail's size, they leave at once), then
+    # three in the state's tail
+    with Queue(url, archive_tail_bytes=1_000) as queue:
         for payloads in ([b"a" * 9_000, b"b" * 9_000], [b"c", b"d", b"e"]):
             queue.enqueue_many("q", payloads)
             for delivery in queue.claim("q", len(payloads)):
