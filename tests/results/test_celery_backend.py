@@ -100,8 +100,20 @@ def lines(folder: Path) -> Counter[str]:
     )
 
 
+#: The apps this test made: their connections, which hold the broker's engine, close after it.
+_made: list[Celery] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_apps() -> Iterator[None]:
+    yield
+    while _made:
+        _made.pop().pool.force_close_all()
+
+
 def make_app(broker: str, backend: str, **settings: Any) -> Celery:
     app = Celery("objq_results_test", broker=broker, backend=backend, set_as_current=False)
+    _made.append(app)
     app.conf.update(
         broker_transport_options={
             "visibility_timeout": VISIBILITY_TIMEOUT,

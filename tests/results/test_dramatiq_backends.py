@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, cast
 
 import dramatiq
 import pytest
@@ -23,6 +24,7 @@ from objq_broker.dramatiq import ObjqBroker, ObjqRateLimiterBackend, ObjqResultB
 from objq_broker.errors import ConfigurationError, StateCorrupt
 from objq_broker.results.store import ResultStore
 from objq_broker.storage import ObjectStore
+from objq_broker.storage.base import Blob
 from tests.results import dramatiq_hammer
 from tests.support.clock import ManualClock
 from tests.support.processes import Children
@@ -394,31 +396,53 @@ def test_incr_and_sum_refuses_keys_of_another_limiter(store: ObjectStore) -> Non
     assert store.list("") == [], "a refused incr_and_sum wrote something"
 
 
-#: When the barrier's last party arrives, and how soon after it the waiter must wake.
-ARRIVES_SECONDS, WOKEN_WITHIN_SECONDS = 10.0, 1.0
+#: How far apart the waiter's reads must be before the last party arrives, right after one
+#: of them, and how soon after the arrival the waiter must wake.
+SLOW_READS_SECONDS, WOKEN_WITHIN_SECONDS = 2.0, 1.0
+
+
+class _ReadTimes:
+    """``store``, noting when one thread (the waiter's) reads from it."""
+
+    def __init__(self, store: ObjectStore, thread: int) -> None:
+        self._store, self._thread = store, thread
+        self.times: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def read(self, key: str) -> Blob | None:
+        blob = self._store.read(key)
+        if threading.get_ident() == self._thread:
+            self.times.append(time.monotonic())
+        return blob
 
 
 def test_a_barrier_wakes_its_waiter_when_the_last_party_arrives(store: ObjectStore) -> None:
-    backend = ObjqRateLimiterBackend(store=store, poll_seconds=10.0)  # as for results above
+    reads = _ReadTimes(store, threading.get_ident())
+    backend = ObjqRateLimiterBackend(store=cast(ObjectStore, reads), poll_seconds=10.0)
     barrier = Barrier(backend, f"barrier-{uuid.uuid4().hex}", ttl=60_000)
     assert barrier.create(parties=2)
     assert not barrier.create(parties=5)
     arrived_at: list[float] = []
 
     def last_party() -> None:
+        # Right after a read of the waiter's that came 2 s or more after the one before: its
+        # pauses grow, so its next read is further off still, and only the notify in its
+        # process can wake it within the bound below (which leaves room for the read a woken
+        # waiter makes: a busy S3 server took 0.4 s for it).
+        while len(reads.times) < 2 or reads.times[-1] - reads.times[-2] < SLOW_READS_SECONDS:
+            time.sleep(0.005)
         assert barrier.wait(block=False)
         arrived_at.append(time.monotonic())
 
-    # Late enough that the waiter's own reads are 2.5 s apart by then (its pauses grow by a
-    # quarter from 2 ms): a waiter deaf to the notify mostly wakes past the bound below, which
-    # leaves room for the read a woken waiter makes (a busy S3 server took 0.4 s for it).
-    timer = threading.Timer(ARRIVES_SECONDS, last_party)
-    timer.start()
+    party = threading.Thread(target=last_party, daemon=True)
+    party.start()
     try:
-        assert barrier.wait(timeout=30_000)
+        assert barrier.wait(timeout=60_000)
         woke_at = time.monotonic()
     finally:
-        timer.join()
+        party.join(timeout=60)
     assert woke_at - arrived_at[0] < WOKEN_WITHIN_SECONDS, (
         "the waiter slept on past a notify in its process"
     )
