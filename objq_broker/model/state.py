@@ -92,7 +92,7 @@ class QueueState:
         self._sweep_at = float("-inf")
         #: The archive tail last set, with its records as archive lines (:meth:`encode`).
         self._tail_lines: tuple[ArchiveTail, bytes] | None = None
-        #: The archive tail last encoded: (tail, its lines, its JSON, searched clean).
+        #: The archive tail last encoded: (tail, its lines, its field, searched clean).
         self._tail_made: tuple[ArchiveTail, bytes, bytes, bool] | None = None
         #: The part of the last :meth:`encode`'s bytes that may still hold a field written as
         #: a refused null (see ``check_encoded``): all of them, or all but the parts searched
@@ -362,12 +362,13 @@ class QueueState:
         kept = self._tail_lines
         return kept[1] if kept is not None and kept[0] is self.doc.archive_tail else None
 
-    def _encoded_tail(self, tail: ArchiveTail) -> tuple[bytes, bool]:
-        """``tail`` encoded, and whether no field of it is written as a refused null (see
-        ``check_encoded``); made once per tail: most commits finish no job and keep the tail
-        as it was. A tail set with its lines is not encoded again: its records are the JSON
-        list the lines make, and only the records added since the last are searched, when
-        the lines before them were searched already."""
+    def _tail_field(self, tail: ArchiveTail) -> tuple[bytes, bool]:
+        """``tail`` as the state's last field and closing brace (``"archive_tail":{...}}``),
+        and whether no field of it is written as a refused null (see ``check_encoded``); made
+        once per tail: most commits finish no job and keep the tail as it was. A tail set with
+        its lines is not encoded again: its records are the JSON list the lines make, and only
+        the records added since the last are searched, when the lines before them were
+        searched already."""
         made = self._tail_made
         if made is not None and made[0] is tail:
             return made[2], made[3]
@@ -383,8 +384,9 @@ class QueueState:
         else:
             encoded = _job_encoder.encode(tail)
             clean = refused_null(encoded) is None
-        self._tail_made = (tail, lines, encoded, clean)
-        return encoded, clean
+        field = b'"archive_tail":' + encoded + b"}"
+        self._tail_made = (tail, lines, field, clean)
+        return field, clean
 
     def encode(self) -> bytes:
         """The stored form of :meth:`to_doc`, re-encoding only the jobs that changed: a commit
@@ -405,19 +407,19 @@ class QueueState:
         finally:
             doc.dead = []  # to_doc() builds them when asked
             doc.archive_tail = tail
-        head = rest[:-1]  # the closing brace comes after the jobs and the tail
-        clean = jobs_clean
-        if tail is not None:
-            encoded_tail, tail_clean = self._encoded_tail(tail)
-            head += b',"archive_tail":' + encoded_tail
-            clean = clean and tail_clean
-        if jobs:
-            jobs[0] = head + b',"jobs":[' + jobs[0]
-            jobs[-1] += b"]}"
-            data = b",".join(jobs)
+        # One join, with commas: the rest's fields (its closing brace left for the end), the
+        # jobs, then the tail as kept between commits, so each part is copied once.
+        head, pieces = rest[:-1], jobs  # (a list of its own)
+        tail_field, tail_clean = (None, True) if tail is None else self._tail_field(tail)
+        if pieces:
+            pieces[0] = head + b',"jobs":[' + pieces[0]
+            pieces[-1] += b"]}" if tail_field is None else b"]"
         else:
-            data = head + b"}"
-        self.unchecked = rest if clean else data
+            pieces.append(head + b"}" if tail_field is None else head)
+        if tail_field is not None:
+            pieces.append(tail_field)
+        data = b",".join(pieces)
+        self.unchecked = rest if jobs_clean and tail_clean else data
         return data
 
     def list_jobs(
