@@ -251,3 +251,38 @@ def test_with_no_broker_to_wait_at_a_waiting_claim_claims_nothing() -> None:
         assert waiting is None
         assert queue.stats("q").ready == 1
         assert [d.payload for d in queue.claim("q", timeout=0.5)] == [b"left for the usual claim"]
+
+
+def test_a_claim_queued_before_an_enqueue_in_one_session_takes_that_job(
+    fleet: tuple[Queue, list[Queue]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a follower whose sender is held in a session, so what comes next waits for the
+    # next session together: a claim, then a job sent a moment after it
+    _, (follower, *_) = fleet
+    committer = follower.committer
+    assert isinstance(committer, ElectedCommitter)
+    held, release = threading.Event(), threading.Event()
+    sent: list[list[str]] = []
+    commit = committer._routes.commit
+
+    def hold_the_first(session: Session) -> Any:
+        sent.append([type(op).__name__ for op in session.ops])
+        if not held.is_set():
+            held.set()
+            release.wait(10)
+        return commit(session)
+
+    monkeypatch.setattr(committer._routes, "commit", hold_the_first)
+    first = follower.submit(builders.stats(["q"]))
+    assert held.wait(10)
+    claim = follower.submit_claim("q", 5)
+    enqueued = follower.submit(builders.enqueue("q", [b"job"]))
+
+    # When the sender goes on
+    release.set()
+
+    # Then both went in one session, the claim after the enqueue, and the claim took the job
+    first.result(10)
+    (job,) = enqueued.result(10)
+    assert [d.id for d in claim.result(10)] == [job.id]
+    assert sent[1] == ["Enqueue", "Claim"]
