@@ -120,6 +120,7 @@ class BrokerLink:
         self._stop_r, self._stop_w = os.pipe()
         self._closed = False
         self._denied: ObjqError | None = None
+        self._gone: BrokerUnreachable | None = None  # the connection closed, none since
         self._watcher: Callable[[], None] | None = None
         self._watch_due = 0.0
         ctx = context()
@@ -136,7 +137,7 @@ class BrokerLink:
             sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.client_public)
             sock.setsockopt(zmq.CURVE_SECRETKEY, keys.client_secret)
         monitor_at = f"inproc://objq-link-{id(self)}-{os.urandom(4).hex()}"
-        sock.monitor(monitor_at, zmq.EVENT_HANDSHAKE_SUCCEEDED | _FAILED)
+        sock.monitor(monitor_at, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | _FAILED)
         self._monitor: zmq.Socket[bytes] = ctx.socket(zmq.PAIR)
         self._monitor.connect(monitor_at)
         host, _, port = address.rpartition(":")
@@ -214,6 +215,8 @@ class BrokerLink:
             raise self._denied
         if self._closed:
             raise BrokerUnreachable(f"broker {self.address}: the link is closed")
+        if self._gone is not None:
+            raise self._gone
         call = _Call()
         rid = wire.request_id(next(self._ids))
         with self._lock:  # a refused handshake fails every call registered before it
@@ -274,7 +277,7 @@ class BrokerLink:
                     timeout = max(min(timeout, due), 0)
                 ready = dict(poller.poll(timeout))
                 if self._monitor in ready:
-                    self._handshake_event()
+                    self._link_event()
                 with self._socket_lock:
                     if self._closed:
                         break
@@ -326,11 +329,20 @@ class BrokerLink:
             return type(error)(f"broker {self.address}: {error}")
         return error
 
-    def _handshake_event(self) -> None:
+    def _link_event(self) -> None:
         event = parse_monitor_message(self._monitor.recv_multipart())
         code = event["event"]
         if code == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            self._denied = None
+            self._denied = self._gone = None
+            return
+        if code == zmq.EVENT_DISCONNECTED:
+            # The broker's connection closed: its process stopped (a broker that closed
+            # resigned first), or the network dropped it. The calls on their way get no answer:
+            # they fail now, and their sessions find the route again at once, instead of each
+            # waiting its whole patience. libzmq connects again; a handshake clears this.
+            gone = BrokerUnreachable(f"broker {self.address}: the connection closed")
+            self._gone = gone
+            self._fail_all(gone)
             return
         denied = self._denial(code, event["value"])
         if denied is None:

@@ -405,6 +405,9 @@ class BrokerRouting:
         if self._unreachable_since is None:
             self._unreachable_since = time.monotonic() if since is None else since
             self._writes_when_lost = self._broker_writes_now()
+            # Read the record again at the next look: a broker that closed cleared it, and
+            # the next process to need one takes over at once instead of waiting it out.
+            self._record_read_at = float("-inf")
 
     def _waited_out(self) -> bool:
         since = self._unreachable_since
