@@ -215,13 +215,14 @@ class BrokerLink:
             raise self._denied
         if self._closed:
             raise BrokerUnreachable(f"broker {self.address}: the link is closed")
-        if self._gone is not None:
-            raise self._gone
         call = _Call()
         rid = wire.request_id(next(self._ids))
-        with self._lock:  # a refused handshake fails every call registered before it
+        # A refused handshake, or a closed connection, fails every call registered before it.
+        with self._lock:
             if self._denied is not None:
                 raise self._denied
+            if self._gone is not None:
+                raise self._gone
             self._calls[rid] = call
         try:
             self._send(wire.frame(kind, rid, body))
@@ -341,7 +342,8 @@ class BrokerLink:
             # they fail now, and their sessions find the route again at once, instead of each
             # waiting its whole patience. libzmq connects again; a handshake clears this.
             gone = BrokerUnreachable(f"broker {self.address}: the connection closed")
-            self._gone = gone
+            with self._lock:
+                self._gone = gone
             self._fail_all(gone)
             return
         denied = self._denial(code, event["value"])
