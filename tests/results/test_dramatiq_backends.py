@@ -499,9 +499,12 @@ def test_a_corrupt_counters_object_is_reported_and_never_overwritten(store: Obje
 HAMMER_SECONDS = 2.0
 
 
-def _hammer_everywhere(url: str, kind: str, children: Children) -> list[tuple[float, float]]:
+def _hammer_everywhere(
+    url: str, kind: str, children: Children
+) -> tuple[list[tuple[float, float]], tuple[float, float]]:
     """Hammer limiter ``kind`` from 3 threads here and 3 in each of 2 child processes, all at
-    once; every slot got, as ``dramatiq_hammer`` reports them."""
+    once; every slot got, as ``dramatiq_hammer`` reports them, and when the hammering began
+    and ended (``time.time()``)."""
     command = [sys.executable, "-m", "tests.results.dramatiq_hammer", url, kind, "3"]
     started = [
         children.adopt(
@@ -522,7 +525,7 @@ def _hammer_everywhere(url: str, kind: str, children: Children) -> list[tuple[fl
     for child, output in zip(started, outputs, strict=True):
         assert child.returncode == 0, output
         got += [(begin, end) for begin, end in json.loads(output)]
-    return got
+    return got, (start, stop)
 
 
 @pytest.mark.slow
@@ -531,11 +534,11 @@ def test_a_limit_holds_across_threads_and_processes(
     kind: str, tmp_path: Path, children: Children
 ) -> None:
     # Each limiter's period is an hour, so all slots of the run count against one limit
-    # (a bucket's hour may turn during the run: then two buckets are allowed their limit each)
+    # (a bucket's hour may turn while the processes hammer: then two buckets are allowed their
+    # limit each; the hours counted are the hammering's, not the test's, which starts earlier)
     url = (tmp_path / "store").as_uri()
-    started = time.time()
-    got = _hammer_everywhere(url, kind, children)
-    hours = int(time.time() // 3600) - int(started // 3600) + 1
+    got, (start, stop) = _hammer_everywhere(url, kind, children)
+    hours = int(stop // 3600) - int(start // 3600) + 1
     allowed = dramatiq_hammer.LIMIT * (hours if kind == "bucket" else 1)
     # Never more than the limit, and no slot lost on the way (many more tries than slots)
     assert len(got) == allowed, f"{len(got)} slots got, the limit is {allowed}"
@@ -546,7 +549,7 @@ def test_a_concurrent_limit_holds_across_threads_and_processes(
     tmp_path: Path, children: Children
 ) -> None:
     url = (tmp_path / "store").as_uri()
-    held = _hammer_everywhere(url, "concurrent", children)
+    held, _ = _hammer_everywhere(url, "concurrent", children)
     assert len(held) >= 10, "too few slots got to show anything"
     # Sweep over the moments slots were taken and given back: never more than 2 held at once
     events = sorted([(begin, 1) for begin, _ in held] + [(end, -1) for _, end in held])
