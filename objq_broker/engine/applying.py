@@ -45,13 +45,13 @@ def _apply_one(state: QueueState, op: Pending, now: float, results: Results) -> 
     """Apply ``op`` and note its outcome; False (the op failed) when it crashed."""
     try:
         results.append((op, True, op.op.apply(state, now)))
-    except ObjqError as exc:
+    except ObjqError as refused:
         # Transitions check before they change anything: the state is intact.
-        results.append((op, False, exc))
-    except Exception as exc:
+        results.append((op, False, refused))
+    except Exception as crash:
         # A bug may have left the state half-changed: fail this op, start again.
         log.exception("operation failed unexpectedly; re-reading the state")
-        op.future.set_exception(exc)
+        op.future.set_exception(crash)
         return False
     return True
 
@@ -78,7 +78,7 @@ def _join_waiting_claims(
     for op, future in standing.take(readied, fits):
         if not future.set_running_or_notify_cancel():
             continue
-        joined = Pending.of(op, future)
+        joined = Pending(op, future)
         ops.append(joined)
         if not _apply_one(state, joined, now, results):
             ops.remove(joined)

@@ -4,10 +4,11 @@ broker parks at its engine, and the counters every engine keeps."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Generic, Protocol, TypeVar
 
 from objq_broker.engine.timings import Durations
@@ -19,6 +20,26 @@ from objq_broker.model.values import Finished
 #: readied, and the count of writes to it the store reported.
 ReadyMark = tuple[int, int, int]
 NOT_READIED: ReadyMark = (0, -1, 0)
+log = logging.getLogger("objq_broker.engine")
+
+
+class Listeners:
+    """The callables an engine calls after each commit, and when its store reports a write
+    to the state (on the writer's, a caller's or the store's thread)."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[], None]] = []
+
+    def add(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def tell(self) -> None:
+        """Call each listener; one that raises must stop neither the others nor the commit."""
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("a commit listener failed")
 
 
 @dataclass(frozen=True)
@@ -78,7 +99,8 @@ class EngineMetrics:
 
     def snapshot(self) -> dict[str, float]:
         """The counters (the durations histogram apart)."""
-        return {k: v for k, v in self.__dict__.items() if k != "commit_durations"}
+        # Its fields by name, not its ``__dict__``: a compiled build's instances have none.
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "commit_durations"}
 
     def count(self, events: Mapping[str, int]) -> None:
         """Add job events (names of :data:`~objq_broker.model.tally.JOB_EVENTS`)."""
@@ -151,34 +173,42 @@ class Waiter(Generic[T]):
         return self._value  # type: ignore[no-any-return]
 
 
-@dataclass(slots=True)
 class Pending:
-    """An operation waiting in (or taken into) a batch, with the future its caller waits on."""
+    """An operation waiting in (or taken into) a batch, with the future its caller waits on.
+    Its op's class says how fresh the state must be (``fresh`` for claims, ``latest`` for
+    inspection) and whether its caller consumes."""
 
-    op: Op[Any]
-    future: Settles
-    fresh: bool
-    latest: bool
-    size: int
-    consumer: bool
+    # A plain class, not a dataclass: compiled (``setup.py``), its constructor is then native
+    # too, and one is made for every operation.
+    __slots__ = ("consumer", "fresh", "future", "latest", "op", "size")
 
-    @classmethod
-    def of(cls, op: Op[Any], future: Settles) -> Pending:
-        """``op`` as a batch holds it: its class says how fresh the state must be (``fresh``
-        for claims, ``latest`` for inspection) and whether its caller consumes."""
-        return cls(op, future, op.fresh or op.latest, op.latest, op.size, op.consumer)
+    def __init__(self, op: Op[Any], future: Settles) -> None:
+        self.op, self.future = op, future
+        self.fresh = op.fresh or op.latest
+        self.latest = op.latest
+        self.size = op.size
+        self.consumer = op.consumer
 
 
-@dataclass
 class Attempt:
-    """One try at committing a batch, kept so an ambiguous write can be resolved."""
+    """One try at committing a batch, kept so an ambiguous write can be resolved. (A plain
+    class, as :class:`Pending` is: one is made for every commit.)"""
 
-    commit_id: str
-    results: list[tuple[Pending, bool, Any]]
-    finished: list[Finished] = field(default_factory=list)
-    #: Objects this attempt wrote (or reused) before the state: orphans if another try lands.
-    written: list[str] = field(default_factory=list)
-    #: What each of those objects holds, so a retry that would write the same reuses it.
-    contents: dict[str, object] = field(default_factory=dict)
-    #: Leases this try's state expired on its own (beside what its operations did).
-    expired: int = 0
+    def __init__(
+        self,
+        commit_id: str,
+        results: list[tuple[Pending, bool, Any]],
+        *,
+        finished: list[Finished],
+        expired: int,
+    ) -> None:
+        self.commit_id = commit_id
+        self.results = results
+        self.finished = finished
+        #: Objects this attempt wrote (or reused) before the state: orphans if another try
+        #: lands.
+        self.written: list[str] = []
+        #: What each of those objects holds, so a retry that would write the same reuses it.
+        self.contents: dict[str, object] = {}
+        #: Leases this try's state expired on its own (beside what its operations did).
+        self.expired = expired

@@ -32,14 +32,14 @@ Failure handling, in order of likelihood:
 * a :class:`~objq_broker.engine.batcher.Batcher`: the operations pending, the writer thread,
   and whether the engine is closing;
 * a :class:`~objq_broker.engine.loop.CommitLoop`: that thread's work, taking batches and
-  committing each with the retries and failure handling above.
+  committing each with the retries and failure handling above; and a caller's commit of its
+  own op, in its own thread, when nothing else is pending or committing.
 
 Its defaults are in :mod:`~objq_broker.engine.base`.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
@@ -56,14 +56,13 @@ from objq_broker.engine.base import (
     DEFAULT_SPILL_AT,
 )
 from objq_broker.engine.batch import (
-    NOT_READIED,
     EngineMetrics,
+    Listeners,
     Pending,
     Readiness,
     ReadyMark,
     Settles,
     StandingClaims,
-    Waiter,
 )
 from objq_broker.engine.batcher import Batcher
 from objq_broker.engine.bodies import BodyCache
@@ -78,7 +77,7 @@ from objq_broker.engine.loop import CommitLoop
 from objq_broker.engine.options import EngineLimits, check_engine_settings
 from objq_broker.engine.parts import Forwarded
 from objq_broker.engine.writing import TryWriter
-from objq_broker.errors import QueueClosed, WriterFenced
+from objq_broker.errors import WriterFenced
 from objq_broker.model.encoding import DEFAULT_MAX_STATE_BYTES
 from objq_broker.model.ops import Claim, Nothing, Op
 from objq_broker.model.records import Job
@@ -86,7 +85,6 @@ from objq_broker.model.runs import MAX_RUN_JOBS
 from objq_broker.storage.base import ObjectStore
 
 T = TypeVar("T")
-log = logging.getLogger("objq_broker.engine")
 
 
 class Engine:
@@ -136,7 +134,7 @@ class Engine:
         self.metrics = EngineMetrics()
         #: Payload bodies kept out of the state, cached by bodies object.
         self.bodies = bodies if bodies is not None else BodyCache(store)
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners = Listeners()
         self._cache = StateCache(
             store,
             key=key,
@@ -146,7 +144,7 @@ class Engine:
             clock=clock,
             max_staleness_seconds=max_staleness_seconds,
             max_state_bytes=max_state_bytes,
-            on_change=self._tell_listeners,
+            on_change=self._listeners.tell,
         )
         self._writer = TryWriter(
             store,
@@ -179,21 +177,12 @@ class Engine:
             commit_deadline_seconds=commit_deadline_seconds,
             idle_tick_seconds=idle_tick_seconds,
             seed=seed,
-            on_commit=self._tell_listeners,
+            on_commit=self._listeners.tell,
         )
 
     def _write_batches(self) -> None:
         """The writer thread."""
         self._loop.run()
-
-    def _tell_listeners(self) -> None:
-        """Call the commit listeners (on the writer's or the store's thread); one that
-        raises must stop neither."""
-        for listener in self._listeners:
-            try:
-                listener()
-            except Exception:
-                log.exception("a commit listener failed")
 
     def __repr__(self) -> str:
         role = "" if self.epoch is None else f", epoch={self.epoch}"
@@ -210,19 +199,13 @@ class Engine:
     def submit_to(self, items: list[tuple[Op[Any], Settles]]) -> None:
         """Queue the ops of ``items`` for the next commit; each outcome is settled with its
         op's result."""
-        batch = [Pending.of(op, outcome) for op, outcome in items]  # (read outside the lock)
-        with self._batcher.cv:
-            self._check_open()
-            self._batcher.add(*batch)
+        self._loop.submit_to(items)
 
     def call(self, op: Op[T]) -> T:
         """Commit ``op`` and wait until its effect is durable; return its result. When
-        nothing else is pending or committing, the caller commits it in its own thread:
-        there is no batch to form, and handing it to the writer thread and back would cost
-        two thread switches."""
-        future: Waiter[T] = Waiter()
-        self._commit_alone([Pending.of(op, future)], else_queue=True)
-        return future.result()
+        nothing else is pending or committing, the caller commits it in its own thread (see
+        :meth:`CommitLoop.call`)."""
+        return self._loop.call(op)
 
     def commit_here(self, items: list[tuple[Op[Any], Settles]]) -> bool:
         """Commit ``items`` as one batch in the caller's thread if nothing else is pending or
@@ -230,29 +213,7 @@ class Engine:
         do nothing and return False. For an event loop on a store that never waits (memory):
         a commit there is work for the loop's own thread, and a hand-off to the writer and
         back would cost more than the commit."""
-        batch = [Pending.of(op, outcome) for op, outcome in items]
-        if len(batch) > self._batcher.max_items or sum(map(_size, batch)) > self._batcher.max_bytes:
-            return False
-        return self._commit_alone(batch, else_queue=False)
-
-    def _commit_alone(self, batch: list[Pending], *, else_queue: bool) -> bool:
-        """Commit ``batch`` in the caller's thread when the engine is idle (True); else queue
-        it for the writer (``else_queue``) or leave it (False)."""
-        with self._batcher.cv:
-            self._check_open()
-            alone = self._loop.may_commit_alone() and self._batcher.take_nothing_alone(len(batch))
-            if not alone and else_queue:
-                self._batcher.add(*batch)
-        if alone:
-            self._loop.commit_alone(batch)
-        return alone
-
-    def _check_open(self) -> None:
-        """Why no op may be submitted now, if so (holding the batcher's ``cv``)."""
-        if self._loop.stopped is not None:
-            raise self._loop.stopped
-        if self._batcher.closing:
-            raise QueueClosed(f"the engine for {self.store.url} is closed")
+        return self._loop.commit_here(items)
 
     def claim_waiting(self, claim: Claim, wait_seconds: float) -> list[Job] | None:
         """None: an engine of its own has nobody to wait at; its caller claims and waits
@@ -270,7 +231,7 @@ class Engine:
 
     def on_commit(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the writer thread) after each batch; it must not block."""
-        self._listeners.append(listener)
+        self._listeners.add(listener)
 
     def take_waiting_claims(self, source: StandingClaims) -> None:
         """Let each commit that readies jobs take claims waiting for them from ``source``."""
@@ -296,10 +257,7 @@ class Engine:
         """A mark that changes whenever a commit made jobs claimable, the state was read
         again, or the store reported a write to it: what tells a broker (or a queue) its
         waiting claimers have something to look for."""
-        state = self._cache.state
-        if state is None:
-            return (*NOT_READIED[:2], self._cache.told_changes)
-        return (id(state), state.readied, self._cache.told_changes)
+        return self._cache.readied
 
     def readiness(self, queues: Iterable[str]) -> Readiness:
         """How many jobs each of ``queues`` has had made claimable, and when the next timed

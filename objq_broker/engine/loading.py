@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from objq_broker.engine.batch import EngineMetrics, Pending
+from objq_broker.engine.batch import NOT_READIED, EngineMetrics, Pending, ReadyMark
 from objq_broker.engine.guard import StateGuard
 from objq_broker.engine.runs import check_staged, read_runs
 from objq_broker.errors import PreconditionFailed, WriterFenced
@@ -108,6 +108,15 @@ class StateCache:
     def size(self) -> int:
         """The state's size in bytes, as last read or written."""
         return self._state_bytes
+
+    @property
+    def readied(self) -> ReadyMark:
+        """The mark :attr:`Engine.readied` gives: it moves when a commit made jobs claimable,
+        the state was read again, or the store reported a write to it."""
+        state = self._state
+        if state is None:
+            return (*NOT_READIED[:2], self._told_changes)
+        return (id(state), state.readied, self._told_changes)
 
     @property
     def told_changes(self) -> int:

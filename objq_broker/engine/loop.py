@@ -15,10 +15,17 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from objq_broker.engine.applying import apply_batch
-from objq_broker.engine.batch import Attempt, EngineMetrics, Pending, StandingClaims
+from objq_broker.engine.batch import (
+    Attempt,
+    EngineMetrics,
+    Pending,
+    Settles,
+    StandingClaims,
+    Waiter,
+)
 from objq_broker.engine.batcher import Batcher
 from objq_broker.engine.budget import budget_wait
 from objq_broker.engine.loading import StateCache
@@ -30,6 +37,7 @@ from objq_broker.errors import (
     ConfigurationError,
     ObjqError,
     PreconditionFailed,
+    QueueClosed,
     QueueError,
     StateCorrupt,
     StateFull,
@@ -38,11 +46,12 @@ from objq_broker.errors import (
     WriterFenced,
 )
 from objq_broker.model.backoff import backoff_seconds
-from objq_broker.model.ops import Nothing, Read, Session, SetWriteBudget
+from objq_broker.model.ops import Nothing, Op, Read, Session, SetWriteBudget
 from objq_broker.model.state import QueueState
 from objq_broker.model.tally import job_events
 from objq_broker.storage.base import ObjectStore
 
+T = TypeVar("T")
 log = logging.getLogger("objq_broker.engine")
 
 #: Longest pause before retrying after a conflict (jitter, so losers do not collide again).
@@ -169,20 +178,66 @@ class CommitLoop:
             self._keep_to_budget()
             return batcher.take()
 
-    def may_commit_alone(self) -> bool:
-        """Whether a caller may commit its own op when nothing else is pending: not under a
-        write budget (the worker keeps to it), and not before the state was first read."""
-        state = self._cache.state
-        return state is not None and state.doc.write_budget is None
+    # --- what callers submit -------------------------------------------------------------
 
-    def commit_alone(self, batch: list[Pending]) -> None:
-        """Commit ``batch``, which the batcher let its caller take (``take_alone``), in the
-        caller's thread; what is submitted meanwhile waits for the worker."""
+    def submit_to(self, items: list[tuple[Op[Any], Settles]]) -> None:
+        """Queue the ops of ``items`` for the writer; each outcome is settled with its op's
+        result."""
+        batch = [Pending(op, outcome) for op, outcome in items]  # (read outside the lock)
+        with self._batcher.cv:
+            self.check_open()
+            self._batcher.add(*batch)
+
+    def call(self, op: Op[T]) -> T:
+        """Commit ``op`` and wait until its effect is durable; return its result. When
+        nothing else is pending or committing, the caller commits it in its own thread:
+        there is no batch to form, and handing it to the writer thread and back would cost
+        two thread switches."""
+        future: Waiter[T] = Waiter()
+        self._commit_alone([Pending(op, future)], else_queue=True)
+        return future.result()
+
+    def commit_here(self, items: list[tuple[Op[Any], Settles]]) -> bool:
+        """Commit ``items`` as one batch in the caller's thread if nothing else is pending or
+        committing and they fit in one (each outcome is settled when this returns True); else
+        do nothing and return False."""
+        batch = [Pending(op, outcome) for op, outcome in items]
+        batcher = self._batcher
+        if len(batch) > batcher.max_items or sum(p.size for p in batch) > batcher.max_bytes:
+            return False
+        return self._commit_alone(batch, else_queue=False)
+
+    def check_open(self) -> None:
+        """Why no op may be submitted now, if so (holding the batcher's ``cv``)."""
+        if self._stopped is not None:
+            raise self._stopped
+        if self._batcher.closing:
+            raise QueueClosed(f"the engine for {self.store.url} is closed")
+
+    def _commit_alone(self, batch: list[Pending], *, else_queue: bool) -> bool:
+        """Commit ``batch`` in the caller's thread when the engine is idle (True); else queue
+        it for the writer (``else_queue``) or leave it (False). Not under a write budget (the
+        writer keeps to it), nor before the state was first read."""
+        batcher = self._batcher
+        with batcher.cv:
+            self.check_open()
+            state = self._cache.state
+            alone = (
+                state is not None
+                and state.doc.write_budget is None
+                and batcher.take_nothing_alone(len(batch))
+            )
+            if not alone and else_queue:
+                batcher.add(*batch)
+        if not alone:
+            return False
+        # What is submitted meanwhile waits for the writer.
         try:
             self._commit(batch)
         except BaseException as exc:  # an interrupted caller: the writer itself goes on
             log.warning("a commit on %s was interrupted: %r", self.store.url, exc)
             raise
+        return True
 
     def _linger(self) -> None:
         """Let a batch fill before committing it (called holding the batcher's ``cv``).
@@ -271,27 +326,30 @@ class CommitLoop:
             try:
                 if self._try_commit(live, fresh, latest):
                     return
-            except _FATAL as exc:
+            # Each clause's variable has a name of its own: compiled (``setup.py``), a variable
+            # keeps the type of the clause that first binds it.
+            except _FATAL as final:
                 self._cache.invalidate()
-                if isinstance(exc, WriterFenced):
-                    self._stopped = exc
-                self._fail(live, exc)
+                if isinstance(final, WriterFenced):
+                    self._stopped = final
+                self._fail(live, final)
                 return
-            except (PreconditionFailed, StorageError) as exc:
-                deadline = self._note_failure(exc, deadline)
+            except (PreconditionFailed, StorageError) as failure:
+                deadline = self._note_failure(failure, deadline)
                 # A try as slow as this one (a storage call that timed out) would end past the
                 # deadline: fail now rather than that late. Conflicts are quick to retry.
-                took = 0.0 if isinstance(exc, PreconditionFailed) else time.monotonic() - started
+                conflict = isinstance(failure, PreconditionFailed)
+                took = 0.0 if conflict else time.monotonic() - started
                 if time.monotonic() + took >= deadline:
-                    self._fail(live, self._deadline_error(exc, tries))
+                    self._fail(live, self._deadline_error(failure, tries))
                     return
-                if isinstance(exc, PreconditionFailed):
+                if conflict:
                     # Re-read and go again: waiting longer only hands the lead to the others.
                     pause = self._rng.random() * CONFLICT_JITTER_SECONDS
                 else:
                     pause = backoff_seconds(tries, 0.005, 1.0, self._rng.random())
                 time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
-            except Exception as exc:
+            except Exception as crash:
                 # Not an objq error: a bug, or an SDK error objq does not translate. The try
                 # may have been half applied: read afresh and try again, as after a storage
                 # error, and fail the batch (never the writer) once its deadline has passed.
@@ -300,7 +358,7 @@ class CommitLoop:
                 )
                 self._cache.invalidate()
                 if time.monotonic() >= deadline:
-                    self._fail(live, _unexpected(self.store.url, exc, self._writer.in_doubt))
+                    self._fail(live, _unexpected(self.store.url, crash, self._writer.in_doubt))
                     return
                 time.sleep(
                     min(
@@ -349,13 +407,13 @@ class CommitLoop:
         if state.dirty:
             try:
                 writer.write(state, attempt)
-            except StateTooLarge as exc:
-                self._make_room(live, exc)
+            except StateTooLarge as too_large:
+                self._make_room(live, too_large)
                 return not live  # settled when nothing is left to commit
-            except StorageError as exc:
+            except StorageError as failure:
                 # Even a refused condition may hide a landed write: an SDK that retried a
                 # timed-out PUT gets 412 from its own first attempt. Look before re-applying.
-                if not isinstance(exc, _FATAL):
+                if not isinstance(failure, _FATAL):
                     writer.failed(attempt)
                 raise
         self._settled(attempt)

@@ -20,7 +20,12 @@ from objq_broker.storage.faulty import FaultyStore
 
 
 def test_concurrent_enqueues_share_commits() -> None:
-    store = MemoryStore("batching")
+    # Writes that take a millisecond, as any real store's do: the producers that come while
+    # one is on its way join the next commit. (In memory, a commit a caller makes in its own
+    # thread may end before any other thread runs, and every one would go alone.)
+    store = FaultyStore(
+        MemoryStore("batching"), latency_seconds=(0.001, 0.001), ops=frozenset({"write"})
+    )
     with Queue(store=store) as queue:
         queue.declare("q")
         barrier = threading.Barrier(20)

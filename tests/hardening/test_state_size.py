@@ -119,8 +119,8 @@ def test_several_floods_in_one_batch_are_refused_and_no_small_operation_with_the
     # each adding more to the state than it carries (each job's times and attempts: four
     # such floods measured 257 bytes a job in the state, 240 in the operation)
     refusals: list[Future[object]] = [Future() for _ in range(4)]
-    floods = [Pending.of(builders.enqueue("q", [BODY] * TOO_MANY), f) for f in refusals]
-    good = [Pending.of(builders.enqueue("q", [f"good {n}".encode()]), Future()) for n in range(10)]
+    floods = [Pending(builders.enqueue("q", [BODY] * TOO_MANY), f) for f in refusals]
+    good = [Pending(builders.enqueue("q", [f"good {n}".encode()]), Future()) for n in range(10)]
     live = [good[0], *floods[:2], *good[1:], *floods[2:]]
     before = 2_000
     grown = 4 * TOO_MANY * 257 + 10 * 257

@@ -1,0 +1,66 @@
+"""The build: pure Python, unless ``OBJQ_COMPILE=1`` asks for the commit path compiled.
+
+Everything is declared in ``pyproject.toml``; this file only adds the compiled modules. With
+``OBJQ_COMPILE=1`` (and mypy, a C compiler and Python's headers at hand), the modules every
+commit runs through are compiled to C extensions with mypyc, which takes about 30 % off an
+operation's time when the store answers at once (``benchmarks/README.md``). The ``.py`` files
+ship beside them, and the package behaves the same either way: the tests run against both
+builds. The build backend (``_build/backend.py``) adds mypy to the build's requirements when it
+is asked for.
+
+    OBJQ_COMPILE=1 pip install --no-binary objq-broker objq-broker
+    OBJQ_COMPILE=1 python setup.py build_ext --inplace     # in a checkout, for the tests
+"""
+
+from __future__ import annotations
+
+import os
+
+from setuptools import setup
+
+#: The modules a commit runs through, compiled when asked: the engine's commit path and the
+#: model it applies and encodes. ``scripts/test-compiled`` runs the tests against them. What
+#: compiled code does otherwise than Python, and so what a module here must not do:
+#:
+#: - a value that does not match its annotation (a float for an ``int``) is refused with a
+#:   TypeError where it is passed: the modules that take the user's values and check them
+#:   (``core``, ``builders``, the ``Engine``'s constructor) stay Python, so that the error
+#:   stays the one that says what was expected;
+#: - a class written in Python cannot subclass a compiled one: the stores, which tests and
+#:   users subclass to inject faults, stay Python;
+#: - a function assigned in a class body is not bound as a method, and a descriptor there is
+#:   not called (``QueueState``'s transitions, ``Forwarded``): such classes stay Python;
+#: - an instance has no ``__dict__``;
+#: - a variable bound by two ``except`` clauses keeps the type of the first;
+#: - a dataclass's ``__init__`` is still Python: what is made per operation is a plain class.
+COMPILED = [
+    "objq_broker/engine/applying.py",
+    "objq_broker/engine/archive.py",
+    "objq_broker/engine/batch.py",
+    "objq_broker/engine/batcher.py",
+    "objq_broker/engine/guard.py",
+    "objq_broker/engine/loading.py",
+    "objq_broker/engine/loop.py",
+    "objq_broker/engine/oversize.py",
+    "objq_broker/engine/timings.py",
+    "objq_broker/engine/writing.py",
+    "objq_broker/model/backlog.py",
+    "objq_broker/model/encoding.py",
+    "objq_broker/model/ids.py",
+    "objq_broker/model/indexed.py",
+    "objq_broker/model/tally.py",
+]
+
+
+def _extensions() -> list[object]:
+    if os.environ.get("OBJQ_COMPILE", "") in ("", "0"):
+        return []
+    from mypyc.build import mypycify  # only a compiled build needs mypy
+
+    # Not the project's mypy settings (strict, for the type check): a build must not depend
+    # on the stubs that check wants (boto3's, say), only on what the compiled modules import.
+    options = ["--config-file", os.devnull, "--ignore-missing-imports"]
+    return list(mypycify([*options, *COMPILED], opt_level="3"))
+
+
+setup(ext_modules=_extensions())
