@@ -114,8 +114,8 @@ class _Watcher:
                 return
             try:
                 self._dispatch(data)
-            except Exception:  # a subscriber's bug must not end every process's wakeups
-                log.exception("a folder change could not be passed on")
+            except Exception:  # a bug here must not end every process's wakeups
+                log.exception("folder changes could not be passed on")
 
     def _dispatch(self, data: bytes) -> None:
         changes: list[tuple[int | None, str | None]] = []  # (None, None): every folder
@@ -142,7 +142,10 @@ class _Watcher:
                 for subscription in subscriptions
             ]
         for subscription, name in calls:
-            subscription.on_change(name)
+            try:
+                subscription.on_change(name)
+            except Exception:  # one subscriber's bug must not keep the others from being told
+                log.exception("a folder change could not be passed on")
 
 
 @runtime_checkable

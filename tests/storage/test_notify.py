@@ -93,6 +93,28 @@ def test_two_watches_of_one_folder_are_both_told_and_closed_one_at_a_time(
     second.close()
 
 
+def test_a_watch_whose_callback_raises_keeps_no_other_watch_from_being_told(
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path)
+    store.put("f/a", b"0")
+
+    def broken(key: str | None) -> None:
+        raise RuntimeError(f"broken watcher: {key}")
+
+    failing = watch_folder(store, "f", broken)  # subscribed first: it is called first
+    assert failing is not None
+    second, seen = _reports(store, "f")
+    try:
+        store.put("f/a", b"1")
+        assert seen.get(timeout=REPORT_SECONDS) == "f/a"
+        store.put("f/b", b"1")  # and the watcher thread goes on
+        assert seen.get(timeout=REPORT_SECONDS) == "f/b"
+    finally:
+        failing.close()
+        second.close()
+
+
 def test_the_top_folder_and_a_metered_store_report_too(tmp_path: Path) -> None:
     store = MeteredStore(FileStore(tmp_path))
     store.put("top", b"0")
