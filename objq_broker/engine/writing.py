@@ -27,6 +27,7 @@ from objq_broker.errors import ObjqError
 from objq_broker.model.bodies import BODIES_PREFIX, bodies_key, encode_bodies
 from objq_broker.model.checks import STAGING_PREFIX
 from objq_broker.model.encoding import check_encoded, encode_archive
+from objq_broker.model.ids import new_id
 from objq_broker.model.records import RECENT_COMMITS, ArchiveRecord, Job
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs, run_key
 from objq_broker.model.state import QueueState
@@ -37,6 +38,8 @@ log = logging.getLogger("objq_broker.engine")
 #: How often an engine whose namespace has runs lists them to delete orphans (one LIST
 #: request per thousand runs on S3 or GCS).
 RUN_SWEEP_SECONDS = 600.0
+#: A writer's id in the state: 64 random bits, so no two writers' marks collide.
+WRITER_ID_CHARS = 16
 
 
 class TryWriter:
@@ -95,6 +98,8 @@ class TryWriter:
         self._next_run_sweep = float("-inf")  # monotonic time to look for orphan runs again
         #: This batch's tries whose state write failed: any one of them may yet have landed.
         self._failed_tries: list[Attempt] = []
+        #: This writer's mark in the state (``StateDoc.writers``): its last commit.
+        self._writer_id = new_id()[:WRITER_ID_CHARS]
 
     # --- the tries of one batch ------------------------------------------------------------
 
@@ -118,8 +123,12 @@ class TryWriter:
         and usually writes the very same archive and bodies.)"""
         if not self._failed_tries:
             return None
-        recent = set(state.doc.recent_commits)
-        return next((a for a in self._failed_tries if a.commit_id in recent), None)
+        # This writer's mark names its last commit, however many others committed since; the
+        # window of recent commits covers a state last written by a writer that kept no marks.
+        mark = state.doc.writers.get(self._writer_id)
+        landed = {mark.commit_id} if mark is not None else set()
+        landed.update(state.doc.recent_commits)
+        return next((a for a in self._failed_tries if a.commit_id in landed), None)
 
     def settled(self, landed: Attempt) -> None:
         """``landed`` is the try whose state is stored: delete what the batch's other tries
@@ -150,6 +159,7 @@ class TryWriter:
         doc.commit_id = attempt.commit_id
         doc.committed_at = now
         doc.recent_commits = [*doc.recent_commits, attempt.commit_id][-RECENT_COMMITS:]
+        state.mark_writer(self._writer_id, attempt.commit_id, now)
         self._write_bodies(state, attempt)
         self._write_runs(state, attempt)
         if self.archive and (

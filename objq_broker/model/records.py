@@ -6,8 +6,9 @@ The state of one namespace is one JSON document (msgspec structs, readable with 
      "seq": 1234, "queues": {...}, "jobs": [...], "dead": [...], "keys": {...}}
 
 ``version`` counts commits and never repeats, so the document's bytes (and an S3 ETag, which
-is their MD5) never repeat either. ``recent_commits`` lets a writer whose write failed
-ambiguously find out whether it landed.
+is their MD5) never repeat either. ``writers`` (each writer's last commit) lets a writer whose
+write failed ambiguously find out whether it landed, however many commits others made since;
+``recent_commits`` (the last commits of all) does the same for writers that keep no mark.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ READABLE_FORMATS = (
 )
 #: How many commit ids the state remembers for resolving ambiguous writes.
 RECENT_COMMITS = 64
+#: How many writers' last commits the state remembers, and for how long after each one's last
+#: commit: a writer whose write failed looks for its mark within seconds (its commit deadline),
+#: so only this many other writers committing meanwhile could push the mark out.
+MAX_WRITER_MARKS = 128
+WRITER_MARK_TTL_SECONDS = 3600.0
 #: How long the state remembers a broker client's last request (to apply a resent one once).
 SESSION_TTL_SECONDS = 3600.0
 
@@ -217,6 +223,13 @@ class BrokerRecord(msgspec.Struct, frozen=True, omit_defaults=True):
         return self.key is not None
 
 
+class WriterMark(msgspec.Struct, array_like=True):
+    """The last commit of one writer (an engine), and when it was made."""
+
+    commit_id: str
+    at: float
+
+
 class SessionMark(msgspec.Struct, array_like=True):
     """The last request of one broker client that changed the state, and when."""
 
@@ -295,6 +308,10 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     commit_id: str = ""
     committed_at: float = 0.0
     recent_commits: list[str] = msgspec.field(default_factory=list)
+    #: Each writer's last commit, by writer id, the least recent first. A window of the last
+    #: commits of all is not enough: a writer whose write timed out and landed may look for it
+    #: only after more commits than any window holds were made by others.
+    writers: dict[str, WriterMark] = msgspec.field(default_factory=dict)
     seq: int = 0
     queues: dict[str, QueueConfig] = msgspec.field(default_factory=dict)
     jobs: list[Job] = msgspec.field(default_factory=list)

@@ -41,6 +41,8 @@ from objq_broker.model.encoding import encode_state, refused_null
 from objq_broker.model.indexed import QueueIndex
 from objq_broker.model.records import (
     FORMAT_VERSION,
+    MAX_WRITER_MARKS,
+    WRITER_MARK_TTL_SECONDS,
     ArchiveTail,
     Job,
     JobState,
@@ -50,6 +52,7 @@ from objq_broker.model.records import (
     RunRef,
     SessionMark,
     StateDoc,
+    WriterMark,
 )
 from objq_broker.model.values import Finished, snapshot
 
@@ -440,6 +443,24 @@ class QueueState:
         if state in (None, "dead"):
             rows += [("dead", job) for job in self.dead_letters(queue)]
         return rows if limit is None else rows[:limit]
+
+    # --- writers ---------------------------------------------------------------------------
+
+    def mark_writer(self, writer: str, commit_id: str, now: float) -> None:
+        """Remember ``commit_id`` as the last commit of ``writer``; forget the writers that
+        committed nothing for :data:`~objq_broker.model.records.WRITER_MARK_TTL_SECONDS`, and
+        the least recent ones past :data:`~objq_broker.model.records.MAX_WRITER_MARKS`."""
+        marks = self.doc.writers
+        marks.pop(writer, None)
+        marks[writer] = WriterMark(commit_id, now)
+        # The least recent come first (this one is last, and stays): each commit looks at
+        # the first mark only, not at them all.
+        while (
+            len(marks) > MAX_WRITER_MARKS
+            or next(iter(marks.values())).at < now - WRITER_MARK_TTL_SECONDS
+        ):
+            del marks[next(iter(marks))]
+        self.dirty = True
 
     # --- broker sessions ---------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import InvalidStateError
 from pathlib import Path
 
@@ -12,9 +13,16 @@ from objq_broker import Queue, builders
 from objq_broker.engine import STATE_KEY, Engine
 from objq_broker.engine.archive import iter_archive
 from objq_broker.engine.batch import Waiter
-from objq_broker.errors import LeaseLost, QueueNotFound, StateCorrupt, StorageError
+from objq_broker.errors import (
+    LeaseLost,
+    QueueNotFound,
+    StateCorrupt,
+    StorageError,
+    StorageUnavailable,
+)
 from objq_broker.model.encoding import decode_state
 from objq_broker.model.ops import Declare
+from objq_broker.model.records import RECENT_COMMITS
 from objq_broker.storage import MemoryStore, open_store
 from objq_broker.storage.faulty import FaultyStore
 
@@ -195,6 +203,64 @@ def test_finished_jobs_are_archived_before_leaving_the_state() -> None:
     state = decode_state(store.get(STATE_KEY), "state")
     assert [job.payload for job in state.dead] == [b"bad"]
     assert state.jobs == []
+
+
+class LandsWhileOthersCommit(MemoryStore):
+    """A store whose next state write, once armed, lands; then ``meanwhile`` runs (other
+    writers commit); then the writer is told the write timed out."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.meanwhile: Callable[[], None] | None = None
+        self.unseen = 0  # writes that landed and were reported failed
+
+    def write(
+        self, key: str, data: bytes, *, if_version: str | None = None, if_absent: bool = False
+    ) -> str:
+        version = super().write(key, data, if_version=if_version, if_absent=if_absent)
+        if key == STATE_KEY and self.meanwhile is not None:
+            meanwhile, self.meanwhile = self.meanwhile, None
+            meanwhile()
+            self.unseen += 1
+            raise StorageUnavailable(f"{self.url}: write {key!r} timed out (it landed)")
+        return version
+
+
+@pytest.mark.parametrize("what", ["enqueue", "claim", "ack"])
+def test_a_landed_write_is_recognised_however_many_commits_others_made_since(
+    what: str,
+) -> None:
+    # The state keeps the last RECENT_COMMITS commit ids of all writers; a writer whose write
+    # timed out may look for its commit only after more than that many were made by others
+    store = LandsWhileOthersCommit(f"landed-{what}")
+    with Queue(store=store, broker="off") as queue, Queue(store=store, broker="off") as other:
+        queue.enqueue("q", b"first")
+        [delivery] = queue.claim("q") if what == "ack" else [None]
+
+        def others_commit() -> None:
+            for n in range(RECENT_COMMITS + 10):
+                other.enqueue("q", f"other{n}".encode())
+
+        # Given a write of ``queue``'s that lands while another writer commits past the window
+        store.meanwhile = others_commit
+        # When the writer retries after its write timed out
+        if what == "enqueue":
+            job = queue.enqueue("q", b"once")
+            # Then the enqueue succeeds, applied once
+            assert [j.id for _, j in queue.jobs("q") if j.payload == b"once"] == [job.id]
+        elif what == "claim":
+            [claimed] = queue.claim("q")
+            # Then the claim returns the job its landed write leased, and leases nothing else
+            assert claimed.payload == b"first"
+            assert queue.stats("q").in_flight == 1
+            queue.ack(claimed)
+        else:
+            assert delivery is not None
+            queue.ack(delivery)  # Then the ack succeeds: its own landed write is no lost lease
+            assert queue.stats("q").in_flight == 0
+        assert store.unseen == 1
+        # (and after an enqueue, "first" and "once" are ready too)
+        assert queue.stats("q").ready == RECENT_COMMITS + 10 + (2 if what == "enqueue" else 0)
 
 
 def test_archive_can_be_turned_off() -> None:

@@ -10,6 +10,10 @@ delays them. The tests check what callers may rely on whatever the network does:
   queue error, and does so about when the commit deadline says: the deadline plus at most the
   one storage call in flight when it passed (``CALL_SLACK_SECONDS``), never after the SDK's
   own minute-long timeouts.
+
+The same workload also runs on six writers of one in-memory store that injects faults
+(``FaultyStore``): many more commits a second than SeaweedFS takes, so a writer that looks for
+its landed write meets far more commits by the others meanwhile.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ from typing import TypeVar
 
 import pytest
 
-from objq_broker import Queue
+from objq_broker import Queue, QueueStats
 from objq_broker.builders import Delivery
 from objq_broker.engine.archive import iter_archive
 from objq_broker.errors import JobNotFound, LeaseLost, QueueError, StorageError
-from objq_broker.storage import s3
+from objq_broker.storage import MemoryStore, s3
+from objq_broker.storage.faulty import FaultyStore
 from tests.support.fault_proxy import FaultProxy, Faults
 from tests.support.servers import create_s3_bucket, new_bucket_name
 from tests.support.waiting import wait_for
@@ -302,9 +307,54 @@ def test_workload_under_faults_loses_nothing_acks_nothing_twice_and_drains(
     url: str, proxy: FaultProxy, mode: str
 ) -> None:
     ledger = Ledger()
-    stop_producing, stop_consuming = threading.Event(), threading.Event()
     deadline = WORKLOAD_DEADLINE_SECONDS
     queues = [open_queue(url, mode, deadline) for _ in range(PRODUCERS + CONSUMERS)]
+
+    def faults(on: bool) -> None:
+        if on:  # every kind of fault first, whatever the draws then bring
+            proxy.inject_next("unavailable", "reset", "drop_after", "blackhole")
+            proxy.set_faults(WORKLOAD_FAULTS)
+        else:
+            proxy.faults_off()
+
+    stats, archived = run_workload(queues, ledger, faults, deadline)
+    injected = proxy.counts()
+    assert all(injected[name] for name in ("unavailable", "reset", "drop_after", "blackhole"))
+    check_workload(ledger, stats, archived, deadline)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_writers_whose_writes_land_unseen_lose_nothing_and_refuse_nothing(seed: int) -> None:
+    """Six writers of one namespace, in memory, whose writes often fail, half of those after
+    landing: each must tell its own landed write from a lost race, however many commits the
+    others made before it looked (a window of the last 64 commits was not enough)."""
+    ledger = Ledger()
+    shared = MemoryStore(f"unseen-{seed}")
+    stores = [
+        FaultyStore(shared, seed=seed * 10 + n, latency_seconds=(0.0, 0.002))
+        for n in range(PRODUCERS + CONSUMERS)
+    ]
+    deadline = WORKLOAD_DEADLINE_SECONDS
+    queues = [
+        Queue(store=store, broker="off", commit_deadline_seconds=deadline) for store in stores
+    ]
+
+    def faults(on: bool) -> None:
+        for store in stores:
+            store.error_rate = store.landed_rate = 0.1 if on else 0.0
+
+    stats, archived = run_workload(queues, ledger, faults, deadline)
+    assert sum(store.counts.landed_then_failed for store in stores) > 0
+    check_workload(ledger, stats, archived, deadline)
+
+
+def run_workload(
+    queues: list[Queue], ledger: Ledger, faults: Callable[[bool], None], deadline: float
+) -> tuple[QueueStats, set[str]]:
+    """Producers on the first ``PRODUCERS`` of ``queues`` and consumers on the others, with
+    ``faults(True)`` for ``FAULT_SECONDS``, then ``faults(False)`` until every job produced is
+    acked; the queue's stats then, and the bodies archived as done. Closes ``queues``."""
+    stop_producing, stop_consuming = threading.Event(), threading.Event()
     producers = [
         worker(ledger, functools.partial(produce, q, f"p{i}", stop_producing, ledger))
         for i, q in enumerate(queues[:PRODUCERS])
@@ -321,15 +371,13 @@ def test_workload_under_faults_loses_nothing_acks_nothing_twice_and_drains(
 
     try:
         queues[0].declare(QUEUE, lease_seconds=LEASE_SECONDS, max_attempts=1000)
-        # Given producers and consumers at work while the network misbehaves (every kind of
-        # fault first, whatever the draws then bring)
-        proxy.inject_next("unavailable", "reset", "drop_after", "blackhole")
-        proxy.set_faults(WORKLOAD_FAULTS)
+        # Given producers and consumers at work while storage misbehaves
+        faults(True)
         for thread in producers + consumers:
             thread.start()
         time.sleep(FAULT_SECONDS)
         # When the faults stop, and then the producers (each finishes the enqueue it is on)
-        proxy.faults_off()
+        faults(False)
         stop_producing.set()
         for thread in producers:
             thread.join(2 * (deadline + CALL_SLACK_SECONDS))
@@ -356,9 +404,11 @@ def test_workload_under_faults_loses_nothing_acks_nothing_twice_and_drains(
         stop_consuming.set()
         for queue in queues:
             queue.close()
+    return stats, archived
+
+
+def check_workload(ledger: Ledger, stats: QueueStats, archived: set[str], deadline: float) -> None:
     assert not ledger.crashed
-    injected = proxy.counts()
-    assert all(injected[name] for name in ("unavailable", "reset", "drop_after", "blackhole"))
     assert ledger.produced, "the workload produced nothing"
     # No job acked twice, and none lost: each was acked, or its failed ack landed
     twice = {body: n for body, n in ledger.acked.items() if n > 1}
