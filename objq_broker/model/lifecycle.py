@@ -95,6 +95,13 @@ def expire_queues(state: QueueState, now: float) -> int:
     for queue in [q for q in doc.used if q not in doc.queues]:
         del doc.used[queue]  # left by a release that did not know the mark
         state.dirty = True
+    if doc.broker is not None and state.write_touches:
+        # A broker keeps the marks in memory (:func:`hold_marks`) and stores them only with
+        # commits it makes anyway, so those stored may be as old as its last commit. A
+        # process committing around it (a client that could not reach it for a moment)
+        # would delete queues whose consumers are waiting at the broker: expiry is left to
+        # the broker, or to the next one, which gives every queue a full expiry.
+        return 0
     doomed = expiring(state, now)
     for queue in doomed:
         delete_queue(state, queue)

@@ -8,8 +8,16 @@ import pytest
 from objq_broker.errors import ConfigurationError, QueueNotFound
 from objq_broker.model.encoding import decode_state, encode_state
 from objq_broker.model.lifecycle import TOUCH_FRACTION
-from objq_broker.model.ops import Claim, Configure, Declare, Enqueue, Heartbeat
-from objq_broker.model.records import QueueConfig, StateDoc
+from objq_broker.model.ops import (
+    Claim,
+    Configure,
+    Declare,
+    Enqueue,
+    Heartbeat,
+    ResignBroker,
+    TakeBroker,
+)
+from objq_broker.model.records import BrokerRecord, QueueConfig, StateDoc
 from objq_broker.model.state import QueueState
 from objq_broker.model.values import NewJob
 
@@ -211,3 +219,29 @@ def test_the_only_writer_keeps_marks_in_memory_and_gives_a_full_expiry_after_tak
     state.expire(last + EXPIRES)
     assert state.queue_names() == []
     assert state.dirty
+
+
+def test_with_a_broker_in_office_only_the_broker_expires_queues() -> None:
+    # A state a broker wrote: its marks of use were as old as that commit
+    state = declared()
+    TakeBroker(BrokerRecord("b1", "tcp://127.0.0.1:1", epoch=0, since=T0), after=None).apply(
+        state, T0
+    )
+    stored = encode_state(state.to_doc())
+    # When a process that could not reach the broker commits around it, long after
+    direct = QueueState(decode_state(stored, "stored"))
+    assert direct.expire(T0 + 10 * EXPIRES) == 0
+    # Then the queue stays: its consumers may be waiting at the broker, which holds newer marks
+    assert direct.queue_names() == ["events"]
+    # While the broker itself expires it once unused for its expiry
+    broker = QueueState(decode_state(stored, "stored"))
+    broker.hold_marks(T0 + 10 * EXPIRES)
+    broker.expire(T0 + 10 * EXPIRES + EXPIRES / 2)
+    assert broker.queue_names() == ["events"]
+    broker.expire(T0 + 11 * EXPIRES)
+    assert broker.queue_names() == []
+    # And once the broker resigned, any writer expires it
+    epoch = direct.doc.epoch
+    assert ResignBroker(epoch).apply(direct, T0 + 10 * EXPIRES)
+    direct.expire(T0 + 10 * EXPIRES)
+    assert direct.queue_names() == []
