@@ -32,7 +32,7 @@ class DeclaringChannel(virtual.Channel):
 
     @property
     def client(self) -> Queue:
-        return self.connection.open_queue()
+        return self.connection.shared_queue()
 
     @property
     def settings(self) -> TransportSettings:

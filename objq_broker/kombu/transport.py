@@ -185,6 +185,18 @@ class Transport(virtual.Transport):
         return __version__
 
     def open_queue(self) -> Queue:
+        """This connection's queue, shared with the process's other connections to the store.
+        kombu releases what a connection holds only when it closes one it established, so a
+        connection not established yet (one from Celery's pool, say) is established first:
+        otherwise its queue, with its writer thread, stayed open for good."""
+        client = self.client
+        if client is not None and client._connection is None:
+            client.connect()  # (which takes the queue, through establish_connection)
+        return self.shared_queue()
+
+    def shared_queue(self) -> Queue:
+        """The queue, taken as it is (by the connection's own parts, which exist only while
+        it is established or being established)."""
         with self._lock:
             if self.queue is None or self.queue.closed:
                 self.queue = _shared_queues.acquire(self.settings.url, self.settings.queue_options)
@@ -196,7 +208,7 @@ class Transport(virtual.Transport):
 
     @property
     def exchanges(self) -> ExchangeTable:
-        self.open_queue()
+        self.shared_queue()
         assert self._exchanges is not None
         return self._exchanges
 
@@ -204,19 +216,19 @@ class Transport(virtual.Transport):
         """Declare ``queue`` once per connection; a queue that expires is declared every
         time, as declaring it again counts as using it (and brings it back once expired)."""
         if expires_seconds is not None:
-            self.open_queue().declare(queue, expires_seconds=expires_seconds)
+            self.shared_queue().declare(queue, expires_seconds=expires_seconds)
             self._declared.discard(queue)
             return
         if queue in self._declared:
             return
-        self.open_queue().declare(queue)
+        self.shared_queue().declare(queue)
         self._declared.add(queue)
 
     def forget(self, queue: str) -> None:
         self._declared.discard(queue)
 
     def establish_connection(self) -> Transport:
-        client = self.open_queue()
+        client = self.shared_queue()
         try:
             client.queues()  # reach the store now: a wrong bucket or a dead endpoint fails here
         except BaseException:
@@ -251,7 +263,7 @@ class Transport(virtual.Transport):
         # Told of jobs committed (here, or at the broker this process follows), the loop
         # claims at once instead of at its next poll: a worker between tasks is not kept
         # waiting for its timer, and in broker mode for most of what other processes send.
-        self._stop_arrivals = self.open_queue().on_arrivals(binding.look_now)
+        self._stop_arrivals = self.shared_queue().on_arrivals(binding.look_now)
         self.wake()
 
     def wake(self) -> None:
@@ -311,7 +323,7 @@ class Transport(virtual.Transport):
         if self.lease_keeper is not None and self.lease_keeper.running:
             return
         self.lease_keeper = LeaseKeeper(
-            self.open_queue(),
+            self.shared_queue(),
             interval_seconds=self.settings.heartbeat_interval,
             lease_seconds=self.settings.visibility_timeout,
             name="objq-kombu-heartbeat",

@@ -23,7 +23,7 @@ def encode_state(doc: StateDoc) -> bytes:
 
 
 #: Largest state object decoded unless told otherwise (``max_state_bytes``). The head of a
-#: namespace with runs stays far smaller (``docs/segments.md``); a state past this was most
+#: namespace with runs stays far smaller (``docs/runs.md``); a state past this was most
 #: likely made to exhaust the memory of every process that reads it.
 DEFAULT_MAX_STATE_BYTES = 64 * 1024 * 1024
 

@@ -22,7 +22,7 @@ from msgspec import UNSET, UnsetType
 from objq_broker.errors import PayloadInvalid
 from objq_broker.model.checks import Attempts, GroupConcurrency, PositiveSeconds, WriteRate
 
-#: The state format this code writes while no queue has runs (``docs/segments.md``); a state
+#: The state format this code writes while no queue has runs (``docs/runs.md``); a state
 #: with runs is written as format 2, and one that holds an archive tail as format 3: each is
 #: what older releases refuse rather than overwrite (a release before the tail would drop
 #: its records). Any other format is refused, never rewritten.

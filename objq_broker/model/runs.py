@@ -1,6 +1,6 @@
 """Runs: a queue's backlog kept out of the state's head, in objects that never change.
 
-The segmented state (``docs/segments.md``): the head keeps what changes often, runs the rest.
+The segmented state (``docs/runs.md``): the head keeps what changes often, runs the rest.
 
 A run is written create-only before the commit that refers to it. A *ready* run holds jobs that
 were claimable when it was written, sorted by (priority, seq); a *timed* run holds delayed or

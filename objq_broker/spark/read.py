@@ -4,7 +4,7 @@ Tables (option ``table``):
 
 * ``jobs``: the jobs in the state now (ready, delayed, in-flight). The driver reads the state
   object once; one partition holds the jobs of its head, and the runs it refers to (the
-  backlog, ``docs/segments.md``) are read by the executors, ``runs_per_partition`` at a time.
+  backlog, ``docs/runs.md``) are read by the executors, ``runs_per_partition`` at a time.
 * ``dead``: the dead letters in the state now, read the same way.
 * ``archive``: finished and dead-lettered jobs from ``archive/YYYY/MM/DD/HH/*.jsonl``, one Spark
   partition per group of ``objects_per_partition`` archive objects, and one for the newest

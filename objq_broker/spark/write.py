@@ -7,7 +7,7 @@ How a write stays atomic under what Spark really does:
    ``staging/<write id>/<partition>-<attempt>-<token>-<n>``: a bodies object (``.json``, the
    format of ``bodies/`` objects: a JSON list of ``[body, base64?]``) and the jobs that refer
    to its entries as one or two runs (``.ready.json``, ``.timed.json``: the format of the
-   state's runs, ``docs/segments.md``, jobs numbered from 0). It returns a commit message that
+   state's runs, ``docs/runs.md``, jobs numbered from 0). It returns a commit message that
    lists them. Retried, speculative and failed attempts also leave objects, but Spark reports
    only the winning attempt of each partition to the driver.
 3. The driver's ``commit`` submits **one** operation that adds a reference per staged run to

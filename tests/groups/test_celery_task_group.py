@@ -24,6 +24,9 @@ def url(tmp_path: Path) -> str:
 def app(url: str) -> Iterator[Celery]:
     app = Celery("grouped", broker=f"objq+{url}", task_cls=GroupedTask)
     yield app
+    # app.close() leaves the connections the tasks were sent on open in kombu's process-wide
+    # pool, and with them the broker this process was elected to be: closed here
+    app.pool.force_close_all()
     app.close()
 
 

@@ -636,6 +636,9 @@ def test_celery_send_options_never_reach_the_state(option: str, value: Any) -> N
             assert len(jobs) == sent
             assert all(-9 <= job.priority <= 0 for _, job in jobs)
     finally:
+        # app.close() leaves the connection send_task used open in kombu's process-wide pool
+        # (and with it the transport's threads): closed here
+        app.pool.force_close_all()
         app.close()
 
 

@@ -451,3 +451,15 @@ def test_celerys_apply_async_message_group_id_reaches_the_job(store_url: str) ->
     app.close()
     with Queue(store_url) as q:
         assert [job.group for _, job in q.jobs("celery")] == ["tenant-42", None]
+
+
+def test_a_queue_taken_through_a_connection_never_established_is_released_when_it_closes() -> None:
+    # Given a connection nobody connected (as Celery's pool hands them out), whose transport's
+    # queue is taken all the same (as the task-outcome handler does)
+    connection = kombu.Connection(f"objq+memory://lazy-{os.getpid()}-{time.monotonic_ns()}")
+    queue = connection.transport.open_queue()
+    assert not queue.closed
+    # When the connection closes
+    connection.close()
+    # Then its queue is closed with it: no writer thread left running
+    assert queue.closed
