@@ -19,6 +19,7 @@ from kombu.utils.json import dumps, loads
 
 from objq_broker import builders
 from objq_broker.consume import ClaimWindow
+from objq_broker.errors import QueueNotFound
 from objq_broker.kombu.batch import BATCH_KEYWORD, Copies, PublishBatch
 from objq_broker.kombu.declaring import DeclaringChannel
 from objq_broker.kombu.outcomes import JOB_PROPERTY, QUEUE_PROPERTY, TOKEN_PROPERTY
@@ -243,11 +244,17 @@ class Channel(DeclaringChannel):
         if not names:
             raise Empty()
         budget = self.qos.can_consume_max_estimate() or self.settings.batch_size
-        if self._no_ack_queues.intersection(names):
-            # Messages of a no-ack queue are settled when claimed: never claim them ahead.
-            got = self._claim(names, min(budget, self.settings.batch_size), self._no_ack_queues)
-        else:
-            got = self._accept(self.window.take(budget, timeout=0, queues=names), set())
+        try:
+            if self._no_ack_queues.intersection(names):
+                # Messages of a no-ack queue are settled when claimed: never claim them ahead.
+                no_ack = self._no_ack_queues
+                got = self._claim(names, min(budget, self.settings.batch_size), no_ack)
+            else:
+                got = self._accept(self.window.take(budget, timeout=0, queues=names), set())
+        except QueueNotFound:
+            if not self._revived(self.riders()):
+                raise
+            raise Empty() from None
         if not got:
             raise Empty()
         for index, (raw, queue) in enumerate(got):
@@ -257,6 +264,12 @@ class Channel(DeclaringChannel):
                 # The rest were never handed over: give them back rather than hold them.
                 self._release_tags([r["properties"]["delivery_tag"] for r, _ in got[index + 1 :]])
                 raise
+
+    def _revived(self, riders: Iterable[str]) -> bool:
+        """After a claim was refused for a queue not declared: whether the queues it named
+        that expired under their consumers here were declared again
+        (:meth:`Transport.revive`), so the next claim goes through."""
+        return self.connection.revive([*riders, *self._active_queues])
 
     def _in_turn(self, queues: Iterable[str]) -> list[str]:
         """The queues, each leading in turn (a claim takes the first queue's messages first)."""
@@ -333,8 +346,13 @@ class Channel(DeclaringChannel):
         if poll:
             window.look_again()
         room = self.qos.can_consume_max_estimate() if self.qos.can_consume() else 0
-        # (with the window shut: gives back a hoard)
-        return window.poll(room, unmetered=riders)
+        try:
+            # (with the window shut: gives back a hoard)
+            return window.poll(room, unmetered=riders)
+        except QueueNotFound:
+            if not self._revived(riders):
+                raise
+            return []
 
     def hand_out(self, delivery: Delivery, riders: frozenset[str]) -> None:
         """Deliver one collected message to its consumer's callback (a rider, one of

@@ -32,7 +32,8 @@ Mapping onto objq (see ``docs/celery.md``):
   topic and fanout routing work across processes (Celery broadcast and remote control).
 * A queue declared with ``expires`` (``x-expires``) is deleted with its bindings once unused
   that long (Celery's event, pidbox and ``rpc://`` reply queues); a routed message never
-  brings a deleted queue back.
+  brings a deleted queue back. One that expired under a consumer of this connection that went
+  unheard for that long is declared again, with its bindings, by that consumer's next claim.
 * The transport joins kombu's event loop through a wakeup socket
   (:mod:`objq_broker.kombu.events`), so Celery runs its event-driven consumer on it.
 """
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import os
 import sys
 import threading
@@ -67,6 +69,8 @@ from objq_broker.kombu.events import LoopBinding
 from objq_broker.kombu.routing import ExchangeTable
 from objq_broker.kombu.settings import TransportSettings
 from objq_broker.queue import Delivery, Queue
+
+log = logging.getLogger("objq_broker.kombu")
 
 #: The process that imported this module: a Celery worker's main process, or a publisher.
 _IMPORTED_IN = os.getpid()
@@ -169,6 +173,8 @@ class Transport(virtual.Transport):
         self.queue: Queue | None = None
         self._exchanges: ExchangeTable | None = None
         self._declared: set[str] = set()
+        #: The queues this connection declared with an expiry, and that expiry (seconds).
+        self._expiring: dict[str, float] = {}
         #: Extends the leases of every message this connection's channels hold.
         self.lease_keeper: LeaseKeeper | None = None
         self._lock = threading.Lock()
@@ -217,6 +223,7 @@ class Transport(virtual.Transport):
         time, as declaring it again counts as using it (and brings it back once expired)."""
         if expires_seconds is not None:
             self.shared_queue().declare(queue, expires_seconds=expires_seconds)
+            self._expiring[queue] = expires_seconds
             self._declared.discard(queue)
             return
         if queue in self._declared:
@@ -226,6 +233,32 @@ class Transport(virtual.Transport):
 
     def forget(self, queue: str) -> None:
         self._declared.discard(queue)
+        self._expiring.pop(queue, None)
+
+    def revive(self, queues: Iterable[str]) -> bool:
+        """Declare again, with the bindings this connection made, each of ``queues`` that is
+        gone after this connection declared it with an expiry: it expired while its consumer
+        here went unheard for that long (a stalled process, a blocked event loop). RabbitMQ
+        keeps a queue while it has a consumer; here a Celery worker whose remote-control queue
+        vanished would stop. True when a claim of ``queues`` may go again; False when one of
+        them is gone that this connection cannot bring back (deleted, or declared elsewhere)."""
+        present = set(self.shared_queue().queues())
+        gone = [queue for queue in dict.fromkeys(queues) if queue not in present]
+        if any(queue not in self._expiring for queue in gone):
+            return False
+        for queue in gone:
+            log.warning(
+                "queue %r expired while consumed here (its consumer went unheard for its "
+                "expiry, %g s): declared again; what was sent to it meanwhile is lost",
+                queue,
+                self._expiring[queue],
+            )
+            self.declare(queue, self._expiring[queue])
+            for exchange, declared in (self.state.exchanges or {}).items():
+                for meta in declared.get("table", []):
+                    if meta[2] == queue:
+                        self.exchanges.bind(exchange, declared["type"], tuple(meta))
+        return True
 
     def establish_connection(self) -> Transport:
         client = self.shared_queue()

@@ -396,3 +396,44 @@ def test_a_signal_during_a_clear_never_silences_the_signals_after_it() -> None:
         assert readable(wakeup)
     finally:
         wakeup.close()
+
+
+def test_a_worker_whose_control_queue_expired_while_it_stalled_goes_on(
+    connect: Any, hub: Hub, store_url: str
+) -> None:
+    # Given a worker's connection as Celery's: its tasks on one channel, and a no-ack
+    # remote-control queue that expires on another (whose claims ride along the tasks')
+    conn = connect(**OPTIONS)
+    tasks: list[int] = []
+    control: list[int] = []
+    broadcast = kombu.Exchange("control", type="fanout")
+    pidbox = kombu.Queue("w1.pidbox", exchange=broadcast, expires=0.5)
+
+    def on_task(body: Any, message: Any) -> None:
+        tasks.append(body["n"])
+        message.ack()
+
+    task_consumer = kombu.Consumer(
+        conn, [kombu.Queue("work", routing_key="work")], callbacks=[on_task]
+    )
+    control_consumer = kombu.Consumer(
+        conn.channel(), [pidbox], callbacks=[lambda body, _: control.append(body["n"])], no_ack=True
+    )
+    with task_consumer, control_consumer, Queue(store_url) as q:
+        conn.register_with_event_loop(hub)
+        publish(conn, "work", 2)
+        run_until(hub, lambda: len(tasks) == 2, within=10)
+        # When its loop stalls for longer than the control queue's expiry, which goes
+        time.sleep(1.0)
+        q.expire()
+        q.flush()
+        assert "w1.pidbox" not in q.queues()
+        # Then, its loop turning again, it neither stops nor misses what comes next: the
+        # control queue is declared again, bound as before
+        publish(conn, "work", 2)
+        run_until(hub, lambda: len(tasks) == 4, within=10)
+        assert "w1.pidbox" in q.queues()
+        kombu.Producer(conn.default_channel, exchange=broadcast).publish({"n": 7})
+        run_until(hub, lambda: control == [7], within=10)
+    assert tasks == [0, 1, 0, 1]
+    assert control == [7]

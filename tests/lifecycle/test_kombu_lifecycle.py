@@ -18,6 +18,7 @@ import pytest
 
 from objq_broker import Queue
 from objq_broker.engine.bindings import read_exchange
+from objq_broker.errors import QueueNotFound
 from objq_broker.storage import open_store
 
 kombu = pytest.importorskip("kombu")
@@ -138,3 +139,51 @@ def test_declaring_an_expired_queue_again_brings_it_back_with_its_binding(
         queue(conn.default_channel).declare()
         publish(conn, exchange, 1, routing_key="r1")
         assert q.stats("reply.1").ready == 1
+
+
+def test_a_queue_that_expired_under_its_stalled_consumer_is_declared_again_when_it_claims(
+    connect: Any, store_url: str
+) -> None:
+    exchange = kombu.Exchange("control", type="fanout")
+    conn, sender = connect(), connect()
+    got: list[Any] = []
+
+    def on_message(body: Any, message: Any) -> None:
+        got.append(body)
+        message.ack()
+
+    queue = kombu.Queue("w1.pidbox", exchange=exchange, expires=0.5)
+    with kombu.Consumer(conn, [queue], callbacks=[on_message]), Queue(store_url) as q:
+        # Given a consumer that goes unheard for longer than its queue's expiry (a blocked
+        # event loop), so that the queue expires under it with its binding
+        time.sleep(0.6)
+        q.expire()
+        q.flush()
+        assert q.queues() == []
+        assert bound_once_unbound(store_url, "control", []) == []
+        # When it claims again (this raised QueueNotFound, and a Celery worker stopped)
+        with contextlib.suppress(TimeoutError):
+            conn.drain_events(timeout=0.3)
+        # Then its queue is back, bound as it was, and what is sent now reaches it
+        assert q.queues() == ["w1.pidbox"]
+        assert bound(store_url, "control") == ["w1.pidbox"]
+        publish(sender, exchange, 1)
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=0.3)
+    assert got == [{"n": 0}]
+
+
+def test_a_queue_without_expiry_deleted_under_its_consumer_is_not_brought_back(
+    connect: Any, store_url: str
+) -> None:
+    conn = connect()
+    queue = kombu.Queue("work", exchange=kombu.Exchange("tasks", type="direct"), routing_key="w")
+    with kombu.Consumer(conn, [queue], callbacks=[]), Queue(store_url) as q:
+        # Given a queue declared without expiry, deleted while consumed
+        assert q.delete_queue("work") == 0
+        # When its consumer claims, then it is told, and the queue stays gone
+        with pytest.raises(QueueNotFound, match="'work' is not declared"):
+            conn.drain_events(timeout=0.3)
+        assert q.queues() == []
