@@ -141,13 +141,19 @@ class BrokerLink:
         self._monitor: zmq.Socket[bytes] = ctx.socket(zmq.PAIR)
         self._monitor.connect(monitor_at)
         host, _, port = address.rpartition(":")
-        if ":" in host.strip("[]"):
-            sock.setsockopt(zmq.IPV6, 1)
-        sock.connect(f"tcp://{host}:{port}")
-        self._thread = threading.Thread(
-            target=self._serve, name=f"objq-link {address}", daemon=True
-        )
-        self._thread.start()
+        try:
+            if ":" in host.strip("[]"):
+                sock.setsockopt(zmq.IPV6, 1)
+            sock.connect(f"tcp://{host}:{port}")
+            self._thread = threading.Thread(
+                target=self._serve, name=f"objq-link {address}", daemon=True
+            )
+            self._thread.start()
+        except BaseException:
+            _close_monitored(sock, self._monitor)
+            os.close(self._stop_r)
+            os.close(self._stop_w)
+            raise
 
     def __repr__(self) -> str:
         return f"BrokerLink({self.address!r})"
@@ -291,8 +297,7 @@ class BrokerLink:
             self._fail_all(BrokerUnreachable(f"broker {self.address}: the link is closed"))
             with self._socket_lock:
                 self._closed = True
-                self._socket.close(0)
-            self._monitor.close(0)
+                _close_monitored(self._socket, self._monitor)
             os.close(self._stop_r)
             os.close(self._stop_w)
 
@@ -384,6 +389,17 @@ class BrokerLink:
         for call in calls.values():
             call.error = error
             call.done.release()
+
+
+def _close_monitored(socket: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:
+    """Close ``socket`` and the ``monitor`` that reads its events, its monitor stopped first.
+    libzmq sends a socket's events from its I/O thread, one for every process's links, and
+    waits while nobody can take them: a connection that drops as its socket closes (the
+    broker stopping at that moment) sends its event after the reader is gone, and the I/O
+    thread then waits for good, so that no link of the process is answered again."""
+    socket.disable_monitor()
+    socket.close(0)
+    monitor.close(0)
 
 
 _FAILED = (
