@@ -16,8 +16,7 @@ Failure handling, in order of likelihood:
   future is ever resolved as a success before its effect is durable.
 * **Ambiguous write** (the write may have landed although the call failed): re-read and look for
   the commit id of every failed try of this batch in this writer's mark (``writers``: each
-  writer's last commit, however many others committed since) and in ``recent_commits``
-  (the last commits of all, for a state a writer without marks wrote). Found: that try's
+  writer's last commit, however many others committed since). Found: that try's
   saved results are the true ones. Not found: the batch is applied afresh, so an enqueue is
   never doubled and an ack never lost. A write that failed may still be in flight and land
   later (a timed-out PUT), so every failed try is remembered until the batch settles: at most

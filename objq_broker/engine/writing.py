@@ -28,7 +28,7 @@ from objq_broker.model.bodies import BODIES_PREFIX, bodies_key, encode_bodies
 from objq_broker.model.checks import STAGING_PREFIX
 from objq_broker.model.encoding import check_encoded, encode_archive
 from objq_broker.model.ids import new_id
-from objq_broker.model.records import RECENT_COMMITS, ArchiveRecord, Job
+from objq_broker.model.records import ArchiveRecord, Job
 from objq_broker.model.runs import RUNS_PREFIX, orphan_runs, run_key
 from objq_broker.model.state import QueueState
 from objq_broker.storage.base import ObjectStore
@@ -123,12 +123,11 @@ class TryWriter:
         and usually writes the very same archive and bodies.)"""
         if not self._failed_tries:
             return None
-        # This writer's mark names its last commit, however many others committed since; the
-        # window of recent commits covers a state last written by a writer that kept no marks.
+        # This writer's mark names its last commit, however many others committed since.
         mark = state.doc.writers.get(self._writer_id)
-        landed = {mark.commit_id} if mark is not None else set()
-        landed.update(state.doc.recent_commits)
-        return next((a for a in self._failed_tries if a.commit_id in landed), None)
+        if mark is None:
+            return None
+        return next((a for a in self._failed_tries if a.commit_id == mark.commit_id), None)
 
     def settled(self, landed: Attempt) -> None:
         """``landed`` is the try whose state is stored: delete what the batch's other tries
@@ -158,7 +157,6 @@ class TryWriter:
                 doc.broker_writes += 1
         doc.commit_id = attempt.commit_id
         doc.committed_at = now
-        doc.recent_commits = [*doc.recent_commits, attempt.commit_id][-RECENT_COMMITS:]
         state.mark_writer(self._writer_id, attempt.commit_id, now)
         self._write_bodies(state, attempt)
         self._write_runs(state, attempt)

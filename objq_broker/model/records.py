@@ -2,13 +2,12 @@
 
 The state of one namespace is one JSON document (msgspec structs, readable with ``jq``)::
 
-    {"format": 1, "version": 42, "epoch": 0, "commit_id": "...", "recent_commits": [...],
+    {"format": 1, "version": 42, "epoch": 0, "commit_id": "...", "writers": {...},
      "seq": 1234, "queues": {...}, "jobs": [...], "dead": [...], "keys": {...}}
 
 ``version`` counts commits and never repeats, so the document's bytes (and an S3 ETag, which
 is their MD5) never repeat either. ``writers`` (each writer's last commit) lets a writer whose
-write failed ambiguously find out whether it landed, however many commits others made since;
-``recent_commits`` (the last commits of all) does the same for writers that keep no mark.
+write failed ambiguously find out whether it landed, however many commits others made since.
 """
 
 from __future__ import annotations
@@ -39,8 +38,6 @@ READABLE_FORMATS = (
     TAIL_FORMAT_VERSION,
     GROUPS_FORMAT_VERSION,
 )
-#: How many commit ids the state remembers for resolving ambiguous writes.
-RECENT_COMMITS = 64
 #: How many writers' last commits the state remembers, and for how long after each one's last
 #: commit: a writer whose write failed looks for its mark within seconds (its commit deadline),
 #: so only this many other writers committing meanwhile could push the mark out.
@@ -307,10 +304,10 @@ class StateDoc(msgspec.Struct, kw_only=True, omit_defaults=True):
     epoch: int = 0
     commit_id: str = ""
     committed_at: float = 0.0
-    recent_commits: list[str] = msgspec.field(default_factory=list)
-    #: Each writer's last commit, by writer id, the least recent first. A window of the last
-    #: commits of all is not enough: a writer whose write timed out and landed may look for it
-    #: only after more commits than any window holds were made by others.
+    #: Each writer's last commit, by writer id, the least recent first: a writer whose write
+    #: timed out and landed may look for it only after many commits by others, more than a
+    #: window of the last commits of all would hold (states written before kept the last 64
+    #: in ``recent_commits``, now ignored).
     writers: dict[str, WriterMark] = msgspec.field(default_factory=dict)
     seq: int = 0
     queues: dict[str, QueueConfig] = msgspec.field(default_factory=dict)

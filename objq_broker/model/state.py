@@ -451,16 +451,25 @@ class QueueState:
         committed nothing for :data:`~objq_broker.model.records.WRITER_MARK_TTL_SECONDS`, and
         the least recent ones past :data:`~objq_broker.model.records.MAX_WRITER_MARKS`."""
         marks = self.doc.writers
-        marks.pop(writer, None)
+        # The least recent come first: a writer that commits again moves to the end (a lone
+        # writer, or one committing twice in a row, is there already).
+        if next(reversed(marks), None) != writer:
+            marks.pop(writer, None)
         marks[writer] = WriterMark(commit_id, now)
-        # The least recent come first (this one is last, and stays): each commit looks at
-        # the first mark only, not at them all.
+        if len(marks) > MAX_WRITER_MARKS or (
+            next(iter(marks.values())).at < now - WRITER_MARK_TTL_SECONDS
+        ):
+            self._forget_writers(now)
+        self.dirty = True
+
+    def _forget_writers(self, now: float) -> None:
+        marks = self.doc.writers
+        # The last mark is the one just made: it stays.
         while (
             len(marks) > MAX_WRITER_MARKS
             or next(iter(marks.values())).at < now - WRITER_MARK_TTL_SECONDS
         ):
             del marks[next(iter(marks))]
-        self.dirty = True
 
     # --- broker sessions ---------------------------------------------------------------
 

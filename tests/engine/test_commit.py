@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from concurrent.futures import InvalidStateError
@@ -22,7 +23,6 @@ from objq_broker.errors import (
 )
 from objq_broker.model.encoding import decode_state
 from objq_broker.model.ops import Declare
-from objq_broker.model.records import RECENT_COMMITS
 from objq_broker.storage import MemoryStore, open_store
 from objq_broker.storage.faulty import FaultyStore
 
@@ -226,19 +226,23 @@ class LandsWhileOthersCommit(MemoryStore):
         return version
 
 
+#: Commits another writer makes while a write that landed is reported failed.
+OTHERS_COMMITS = 100
+
+
 @pytest.mark.parametrize("what", ["enqueue", "claim", "ack"])
 def test_a_landed_write_is_recognised_however_many_commits_others_made_since(
     what: str,
 ) -> None:
-    # The state keeps the last RECENT_COMMITS commit ids of all writers; a writer whose write
-    # timed out may look for its commit only after more than that many were made by others
+    # A writer whose write timed out may look for its commit only after many others were made
+    # (a window of the last 64 commits of all, as the state kept, was outrun)
     store = LandsWhileOthersCommit(f"landed-{what}")
     with Queue(store=store, broker="off") as queue, Queue(store=store, broker="off") as other:
         queue.enqueue("q", b"first")
         [delivery] = queue.claim("q") if what == "ack" else [None]
 
         def others_commit() -> None:
-            for n in range(RECENT_COMMITS + 10):
+            for n in range(OTHERS_COMMITS):
                 other.enqueue("q", f"other{n}".encode())
 
         # Given a write of ``queue``'s that lands while another writer commits past the window
@@ -260,7 +264,7 @@ def test_a_landed_write_is_recognised_however_many_commits_others_made_since(
             assert queue.stats("q").in_flight == 0
         assert store.unseen == 1
         # (and after an enqueue, "first" and "once" are ready too)
-        assert queue.stats("q").ready == RECENT_COMMITS + 10 + (2 if what == "enqueue" else 0)
+        assert queue.stats("q").ready == OTHERS_COMMITS + (2 if what == "enqueue" else 0)
 
 
 def test_archive_can_be_turned_off() -> None:
@@ -272,7 +276,7 @@ def test_archive_can_be_turned_off() -> None:
     assert store.list("archive/") == []
 
 
-def test_state_version_is_monotonic_and_recent_commits_bounded() -> None:
+def test_state_version_is_monotonic_and_a_lone_writer_keeps_one_mark() -> None:
     store = MemoryStore("versions")
     with Queue(store=store) as queue:
         seen = []
@@ -280,7 +284,25 @@ def test_state_version_is_monotonic_and_recent_commits_bounded() -> None:
             queue.enqueue("q", str(n).encode())
             seen.append(decode_state(store.get(STATE_KEY), "state").version)
     assert seen == sorted(set(seen))
-    assert len(decode_state(store.get(STATE_KEY), "state").recent_commits) == 64
+    assert len(decode_state(store.get(STATE_KEY), "state").writers) == 1
+
+
+def test_a_state_that_kept_recent_commits_is_read_and_written_without_them() -> None:
+    # Given a state as written before writers kept marks: the last commits of all instead
+    store = MemoryStore("recent-commits")
+    with Queue(store=store) as queue:
+        queue.enqueue("q", b"before")
+    stored = json.loads(store.get(STATE_KEY))
+    stored["recent_commits"] = [f"{n:032x}" for n in range(64)]
+    store.write(STATE_KEY, json.dumps(stored).encode())
+    # When a writer commits on it
+    with Queue(store=store) as queue:
+        queue.enqueue("q", b"after")
+        assert sorted(j.payload for _, j in queue.jobs("q")) == [b"after", b"before"]
+    # Then the old field is dropped, and each writer's mark kept
+    stored = json.loads(store.get(STATE_KEY))
+    assert "recent_commits" not in stored
+    assert len(stored["writers"]) == 2
 
 
 def test_stale_leases_expire_on_the_idle_timer() -> None:
