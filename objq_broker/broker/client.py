@@ -139,6 +139,9 @@ class BrokerLink:
         monitor_at = f"inproc://objq-link-{id(self)}-{os.urandom(4).hex()}"
         sock.monitor(monitor_at, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | _FAILED)
         self._monitor: zmq.Socket[bytes] = ctx.socket(zmq.PAIR)
+        # No bound on unread events: libzmq's I/O thread, every link's, waits while the
+        # queue of a link's events is full (see _close_monitored).
+        self._monitor.setsockopt(zmq.RCVHWM, 0)
         self._monitor.connect(monitor_at)
         host, _, port = address.rpartition(":")
         try:
