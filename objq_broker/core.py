@@ -12,7 +12,7 @@ import importlib.util
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypedDict, TypeVar, Unpack
 
@@ -38,7 +38,7 @@ from objq_broker.errors import (
     StateCorrupt,
     job_error,
 )
-from objq_broker.model.checks import Where
+from objq_broker.model.checks import Where, shown
 from objq_broker.model.ops import Claim, Op
 from objq_broker.model.records import Job
 from objq_broker.model.settings import read_settings
@@ -154,7 +154,7 @@ class QueueCore:
     def claim_op(self, queues: str | Sequence[str], n: int, options: ClaimOptions) -> Claim:
         """The claim of up to ``n`` jobs from ``queues`` by ``options``' owner (default: this
         core's)."""
-        names = [queues] if isinstance(queues, str) else list(queues)
+        names = _queue_names(queues)
         builders.known_keywords(options, ClaimOptions, Where("claim from {}", names, 120))
         return builders.claim(
             names,
@@ -419,3 +419,14 @@ def settle(
 
     future.add_done_callback(report)
     return None
+
+
+def _queue_names(queues: object) -> list[str]:
+    """A claim's queues, one name or many, as a list (each name is checked with the claim)."""
+    if isinstance(queues, str):
+        return [queues]
+    if isinstance(queues, (bytes, dict)) or not isinstance(queues, Iterable):
+        raise ConfigurationError(
+            f"claim: queues: expected a queue name or a list of them, found {shown(queues)}"
+        )
+    return list(queues)

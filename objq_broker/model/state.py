@@ -13,7 +13,7 @@ spoils the batch it came in.
 * :class:`~objq_broker.model.indexed.QueueIndex`: the live jobs and the heaps claims use;
 * :class:`~objq_broker.model.backlog.Backlog`: the backlog kept out of the head in runs.
 
-Its transitions are functions over it, a module per concern, bound as its methods:
+Its transitions are functions over it, a module per concern, each called by a method of its own:
 
 * :mod:`~objq_broker.model.lifecycle`: declaring, configuring, expiring and deleting queues;
 * :mod:`~objq_broker.model.producing`: enqueueing, staged writes and idempotency keys;
@@ -29,7 +29,8 @@ The values they take and give (:class:`~objq_broker.model.values.NewJob`, ...) a
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
 
 import msgspec
 
@@ -48,13 +49,23 @@ from objq_broker.model.records import (
     JobState,
     KeyRecord,
     KeyRunRef,
+    NackResult,
     QueueConfig,
+    RunOutcome,
     RunRef,
     SessionMark,
     StateDoc,
     WriterMark,
 )
-from objq_broker.model.values import Finished, snapshot
+from objq_broker.model.values import (
+    Finished,
+    NewJob,
+    QueueStats,
+    StagedBodies,
+    StagedRun,
+    snapshot,
+)
+from objq_broker.model.workers import Worker
 
 _job_encoder = msgspec.json.Encoder()
 
@@ -102,39 +113,176 @@ class QueueState:
         #: when they were made.
         self.unchecked = b""
 
-    # The transitions, a module per concern (each function takes the state first).
-    declare = lifecycle.declare
-    touch = lifecycle.touch
-    hold_marks = lifecycle.hold_marks
-    touch_due = lifecycle.touch_due
-    expiring = lifecycle.expiring
-    configure = lifecycle.configure
-    purge = lifecycle.purge
-    delete_queue = lifecycle.delete_queue
-    enqueue = producing.enqueue
-    enqueue_staged = producing.enqueue_staged
-    enqueue_runs = producing.enqueue_runs
-    key_record = producing.key_record
-    claim = leases.claim
-    heartbeat = leases.heartbeat
-    ack = leases.ack
-    note_outcome = leases.note_outcome
-    nack = leases.nack
-    release = leases.release
-    expire = leases.expire
-    retry_dead = leases.retry_dead
-    purge_dead = leases.purge_dead
-    dead_letters = leases.dead_letters
-    spill = spilling.spill
-    merge_runs = spilling.merge_runs
-    stats = reading.stats
-    workers = reading.workers
-    find = reading.find
-    enqueued = reading.enqueued
-    leased_to = reading.leased_to
-    holds = reading.holds
-    next_visible = reading.next_visible
-    next_wakeup = reading.next_wakeup
+    # The transitions, a module per concern, each function taking the state first. Methods
+    # that call them rather than the functions assigned here: a compiled class (setup.py)
+    # does not bind a function assigned in its body as a method.
+
+    def declare(
+        self, queue: str, config: QueueConfig | None = None, now: float | None = None
+    ) -> bool:
+        return lifecycle.declare(self, queue, config, now)
+
+    def touch(self, queue: str, now: float) -> None:
+        return lifecycle.touch(self, queue, now)
+
+    def hold_marks(self, now: float) -> None:
+        return lifecycle.hold_marks(self, now)
+
+    def touch_due(self, queue: str) -> float | None:
+        return lifecycle.touch_due(self, queue)
+
+    def expiring(self, now: float) -> list[str]:
+        return lifecycle.expiring(self, now)
+
+    def configure(
+        self, queue: str, changes: Mapping[str, bool | float | int | None], now: float = 0.0
+    ) -> QueueConfig:
+        return lifecycle.configure(self, queue, changes, now)
+
+    def purge(self, queue: str) -> int:
+        return lifecycle.purge(self, queue)
+
+    def delete_queue(self, queue: str) -> int:
+        return lifecycle.delete_queue(self, queue)
+
+    def enqueue(self, new: Iterable[NewJob], now: float) -> list[Job]:
+        return producing.enqueue(self, new, now)
+
+    def enqueue_staged(
+        self,
+        queue: str,
+        staged: list[StagedBodies],
+        ids: list[str],
+        now: float,
+        *,
+        write_id: str,
+        priority: int = 0,
+        delay_seconds: float = 0.0,
+        max_attempts: int | None = None,
+    ) -> int | None:
+        return producing.enqueue_staged(
+            self,
+            queue,
+            staged,
+            ids,
+            now,
+            write_id=write_id,
+            priority=priority,
+            delay_seconds=delay_seconds,
+            max_attempts=max_attempts,
+        )
+
+    def enqueue_runs(
+        self, queue: str, runs: list[StagedRun], now: float, *, write_id: str
+    ) -> int | None:
+        return producing.enqueue_runs(self, queue, runs, now, write_id=write_id)
+
+    def key_record(self, queue: str, key: str) -> KeyRecord | None:
+        return producing.key_record(self, queue, key)
+
+    def claim(
+        self,
+        queue: str,
+        tokens: list[str],
+        owner: str,
+        now: float,
+        lease_seconds: float | None = None,
+    ) -> list[Job]:
+        return leases.claim(self, queue, tokens, owner, now, lease_seconds)
+
+    def heartbeat(
+        self, held: list[tuple[str, str]], now: float, lease_seconds: float | None = None
+    ) -> list[bool]:
+        return leases.heartbeat(self, held, now, lease_seconds)
+
+    def ack(
+        self,
+        job_id: str,
+        token: str,
+        now: float,
+        outcome: Literal["done"] | RunOutcome = "done",
+        error: str | None = None,
+    ) -> Job:
+        return leases.ack(self, job_id, token, now, outcome, error)
+
+    def note_outcome(
+        self,
+        job_id: str,
+        queue: str,
+        token: str,
+        outcome: RunOutcome,
+        *,
+        error: str | None,
+        now: float,
+    ) -> None:
+        return leases.note_outcome(self, job_id, queue, token, outcome, error=error, now=now)
+
+    def nack(
+        self,
+        job_id: str,
+        token: str,
+        now: float,
+        *,
+        error: str | None,
+        retry: bool,
+        jitter: float,
+        delay_seconds: float | None = None,
+    ) -> NackResult:
+        return leases.nack(
+            self,
+            job_id,
+            token,
+            now,
+            error=error,
+            retry=retry,
+            jitter=jitter,
+            delay_seconds=delay_seconds,
+        )
+
+    def release(self, held: list[tuple[str, str]], now: float) -> list[bool]:
+        return leases.release(self, held, now)
+
+    def expire(self, now: float) -> int:
+        return leases.expire(self, now)
+
+    def retry_dead(self, queue: str, ids: list[str] | None, now: float) -> list[str]:
+        return leases.retry_dead(self, queue, ids, now)
+
+    def purge_dead(self, queue: str, ids: list[str] | None) -> int:
+        return leases.purge_dead(self, queue, ids)
+
+    def dead_letters(self, queue: str) -> list[Job]:
+        return leases.dead_letters(self, queue)
+
+    def spill(self, bound: int, key_for: Callable[[int], str], *, run_jobs: int = 10000) -> None:
+        return spilling.spill(self, bound, key_for, run_jobs=run_jobs)
+
+    def merge_runs(self, key_for: Callable[[int], str], run_jobs: int, at_least: int) -> int:
+        return spilling.merge_runs(self, key_for, run_jobs, at_least)
+
+    def stats(self, queue: str, now: float) -> QueueStats:
+        return reading.stats(self, queue, now)
+
+    def workers(self, now: float) -> list[Worker]:
+        return reading.workers(self, now)
+
+    def find(self, job_id: str, now: float) -> tuple[JobState, Job] | None:
+        return reading.find(self, job_id, now)
+
+    def enqueued(self, items: list[NewJob], now: float) -> list[Job]:
+        return reading.enqueued(self, items, now)
+
+    def leased_to(self, tokens: list[str]) -> list[Job]:
+        return reading.leased_to(self, tokens)
+
+    def holds(self, held: list[tuple[str, str]]) -> list[bool]:
+        return reading.holds(self, held)
+
+    def next_visible(self, queue: str) -> float | None:
+        return reading.next_visible(self, queue)
+
+    def next_wakeup(self) -> float | None:
+        return reading.next_wakeup(self)
 
     @property
     def jobs(self) -> dict[str, Job]:

@@ -150,6 +150,13 @@ def test_bad_arguments_are_refused_clearly(queue: Queue) -> None:
         queue.enqueue("q", "text")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="queue name"):
         queue.enqueue("a/b", b"x")
+    for name in (None, 7):
+        with pytest.raises(ConfigurationError, match=f"queue: expected str, found {name}"):
+            queue.declare(name)  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match=f"queue: expected str, found {name}"):
+            queue.enqueue(name, b"x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="expected a queue name or a list of them"):
+        queue.claim(None)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="n: expected int >= 1, found 0"):
         queue.claim("q", 0)
     with pytest.raises(ConfigurationError, match="unknown setting"):
