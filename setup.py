@@ -1,17 +1,18 @@
-"""The build: pure Python, unless ``OBJQ_COMPILE=1`` asks for the commit path compiled (an
-experiment, not offered yet: see "A compiled commit path" in ``benchmarks/README.md``).
+"""The build: pure Python, unless ``OBJQ_COMPILE=1`` asks for the commit path compiled.
 
 Everything is declared in ``pyproject.toml``; this file only adds the compiled modules. With
 ``OBJQ_COMPILE=1`` (and mypy, a C compiler and Python's headers at hand), the modules every
-commit runs through are compiled to C extensions with mypyc, which takes about 30 % off an
-operation's time when the store answers at once (``benchmarks/README.md``). The ``.py`` files
-ship beside them. The build backend (``_build/backend.py``) adds mypy to the build's
-requirements when it is asked for. Its two failed CI runs were a defect of the pure code too
-(a closing broker link that stopped libzmq's I/O thread, since fixed); it is not offered until
-a CI run passes against it.
+commit runs through are compiled to C extensions with mypyc, which takes about a third off an
+operation's time when the store answers at once (``benchmarks/README.md``, "The compiled
+build"). The ``.py`` files ship beside them. The build backend (``_build/backend.py``) adds
+mypy to the build's requirements when it is asked for. The published wheels for CPython are
+built so (``CONTRIBUTING.md``, "Releasing"); a build from source, an editable install
+included, stays pure unless asked. CI runs the tests of what it compiles, and of the API over
+it, against a compiled copy (``scripts/test-compiled``).
 
     PYTHON=python scripts/build-compiled /tmp/objq-compiled    # a compiled copy of the tree
     scripts/test-compiled tests/engine                          # the tests against one
+    OBJQ_COMPILE=1 python -m pip wheel --no-deps . -w dist      # a compiled wheel
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from setuptools import setup
 #: - a class written in Python cannot subclass a compiled one: the stores, which tests and
 #:   users subclass to inject faults, stay Python;
 #: - a function assigned in a class body is not bound as a method, and a descriptor there is
-#:   not called (``QueueState``'s transitions, ``Forwarded``): such classes stay Python;
+#:   not called (``Forwarded``): such classes stay Python, and ``QueueState``'s transitions
+#:   are methods that call their modules' functions;
 #: - an instance has no ``__dict__``;
 #: - a variable bound by two ``except`` clauses keeps the type of the first;
 #: - a dataclass's ``__init__`` is still Python: what is made per operation is a plain class.
@@ -50,6 +52,12 @@ COMPILED = [
     "objq_broker/model/encoding.py",
     "objq_broker/model/ids.py",
     "objq_broker/model/indexed.py",
+    "objq_broker/model/leases.py",
+    "objq_broker/model/lifecycle.py",
+    "objq_broker/model/producing.py",
+    "objq_broker/model/reading.py",
+    "objq_broker/model/spilling.py",
+    "objq_broker/model/state.py",
     "objq_broker/model/tally.py",
 ]
 
