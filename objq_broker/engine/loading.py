@@ -12,19 +12,20 @@ never changes once written).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 
 from objq_broker.engine.batch import NOT_READIED, EngineMetrics, Pending, ReadyMark
 from objq_broker.engine.guard import StateGuard
 from objq_broker.engine.runs import check_staged, read_runs
-from objq_broker.errors import PreconditionFailed, WriterFenced
+from objq_broker.errors import PreconditionFailed, StorageError, WriterFenced
 from objq_broker.model.encoding import decode_state
 from objq_broker.model.ops import EnqueueRuns, Session, runs_needed
 from objq_broker.model.records import Job, KeyRecord, StateDoc
 from objq_broker.model.state import QueueState
 from objq_broker.storage.base import ObjectStore, write_if_unchanged
-from objq_broker.storage.notify import folder_of, watch_folder
+from objq_broker.storage.notify import folder_of, version, watch_folder
 from objq_broker.storage.probe import require_conditions
 
 log = logging.getLogger("objq_broker.engine")
@@ -95,6 +96,12 @@ class StateCache:
         # Writes to the state the store reported (a local folder does), and how many of them
         # the cache had seen when it was last read: a claim after a newer one reads again.
         self._told_changes = self._synced_changes = 0
+        # The reports that come while this engine writes the state wait until its version is
+        # known: the report of its own write is then no news (most come before the write
+        # returns).
+        self._reports_lock = threading.Lock()
+        self._writing = False
+        self._held_reports = 0
         self._on_change = on_change
         # The only writer learns nothing from reports of its own writes.
         self._watch = None if exclusive else watch_folder(store, folder_of(key), self._told)
@@ -203,13 +210,20 @@ class StateCache:
         """Store ``data`` (``doc`` encoded) over the cached version (created if there was
         none), and take it as the cached state's version."""
         self._state_bytes = len(data)
-        version = write_if_unchanged(self.store, self.key, data, self._version)
+        with self._reports_lock:
+            self._writing = True
+        try:
+            version = write_if_unchanged(self.store, self.key, data, self._version)
+        except BaseException:
+            self._tell_held(wrote=False)
+            raise
         if self._version is None:
             self._guard.created()
         self._guard.wrote(doc)
         self.metrics.state_writes += 1
         self._version = version
         self._synced_at = time.monotonic()
+        self._tell_held(wrote=True)
 
     def forget_runs(self, keys: Iterable[str]) -> None:
         """Drop runs a landed commit consumed (they are being deleted)."""
@@ -256,12 +270,41 @@ class StateCache:
 
     def _told(self, key: str | None) -> None:
         """The store reported a write under the state's folder (on its own thread): if it
-        was the state, by another process or by this one, claims read it again and claimers
-        look at once instead of at their next poll."""
+        was the state, and not a version the cache holds already, claims read it again and
+        claimers look at once instead of at their next poll."""
         if key is not None and key != self.key:
             return
+        if key is not None:
+            with self._reports_lock:
+                if self._writing:  # told when the write's version is known
+                    self._held_reports += 1
+                    return
+            if self._holds_current(key):
+                return
+        self._note_report()
+
+    def _tell_held(self, *, wrote: bool) -> None:
+        """This engine's write ended: the reports that came meanwhile are news unless the
+        state's version is the one it ``wrote`` (each write of its own is reported too)."""
+        with self._reports_lock:
+            self._writing = False
+            held, self._held_reports = self._held_reports, 0
+        if held and not (wrote and self._holds_current(self.key)):
+            self._note_report()
+
+    def _note_report(self) -> None:
         self._told_changes += 1
         self._on_change()
+
+    def _holds_current(self, key: str) -> bool:
+        """Whether the state's version in the store is the cached one: no news."""
+        held = self._version
+        if held is None:
+            return False
+        try:
+            return version(self.store, key) == held
+        except StorageError:
+            return False  # news, then: the read that follows tells
 
     def close(self) -> None:
         """Stop watching the store for writes to the state."""

@@ -388,6 +388,12 @@ class FileStore(LocalStoreOps):
 
         return subscribe(path, changed)
 
+    def version(self, key: str) -> str | None:
+        """``key``'s version, from the file's status alone (see :meth:`watch_folder`)."""
+        with self._errors(key):
+            found = self._current(self._path(key))
+        return None if found is None else _version_of(found)
+
     def close(self) -> None:
         """Nothing is held open between calls."""
 

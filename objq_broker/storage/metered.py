@@ -23,7 +23,7 @@ from typing import TypeVar
 from objq_broker.storage.base import Blob, Listing, ObjectStore
 from objq_broker.storage.locks import STALE_LOCK_SECONDS, sweep_locks
 from objq_broker.storage.memory import MemoryStore
-from objq_broker.storage.notify import OnChange, Subscription, watch_folder
+from objq_broker.storage.notify import OnChange, Subscription, version, watch_folder
 
 T = TypeVar("T")
 
@@ -115,6 +115,10 @@ class MeteredStore:
     def watch_folder(self, folder: str, on_change: OnChange) -> Subscription | None:
         """The inner store's reports of writes, when it makes them (no request is made)."""
         return watch_folder(self.inner, folder, on_change)
+
+    def version(self, key: str) -> str | None:
+        """The inner store's version of ``key``, when it can tell without a request."""
+        return version(self.inner, key)
 
     def sweep_locks(self, older_than: float = STALE_LOCK_SECONDS, *, dry_run: bool = False) -> int:
         """The inner store's sweep of its lock files, when it keeps any (no request is made

@@ -158,6 +158,12 @@ class WatchableStore(Protocol):
         None when it cannot."""
         ...
 
+    def version(self, key: str) -> str | None:
+        """``key``'s version as a read would give it, without reading the object (None: no
+        such object): what a watcher compares a report with, to tell a write it has not seen
+        from one it made or read."""
+        ...
+
 
 def folder_of(key: str) -> str:
     """The folder key holding ``key`` ("" for the top)."""
@@ -169,6 +175,13 @@ def watch_folder(store: object, folder: str, on_change: OnChange) -> Subscriptio
     intervals)."""
     if isinstance(store, WatchableStore):
         return store.watch_folder(folder, on_change)
+    return None
+
+
+def version(store: object, key: str) -> str | None:
+    """``store.version(key)`` when ``store`` can report writes; else None (unknown)."""
+    if isinstance(store, WatchableStore):
+        return store.version(key)
     return None
 
 

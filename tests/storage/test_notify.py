@@ -9,10 +9,12 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from objq_broker import Queue
 from objq_broker.storage import open_store
 from objq_broker.storage.file import FileStore
 from objq_broker.storage.metered import MeteredStore
@@ -22,6 +24,7 @@ from objq_broker.storage.notify import (
     Subscription,
     _Watcher,
     subscribe,
+    version,
     watch_folder,
 )
 
@@ -174,3 +177,33 @@ def test_a_forked_child_is_told_by_its_own_watcher_and_the_parent_still_is(
         assert seen.get(timeout=REPORT_SECONDS) == "f/a"
     finally:
         watch.close()
+
+
+def test_a_version_is_told_without_a_read_as_a_read_would_give_it(tmp_path: Path) -> None:
+    store = MeteredStore(FileStore(tmp_path))
+    assert version(store, "f/state.json") is None
+    written = store.write("f/state.json", b"{}", if_absent=True)
+    assert version(store, "f/state.json") == written == store.read("f/state.json").version  # type: ignore[union-attr]
+    assert version(open_store("memory://versions"), "x") is None  # cannot tell: unknown
+
+
+def test_a_queue_reads_the_state_again_for_another_writers_writes_not_for_its_own(
+    tmp_path: Path,
+) -> None:
+    url = tmp_path.as_uri() + "?fsync=false"
+    with Queue(url, broker="off") as mine, Queue(url, broker="off") as other:
+        mine.declare("q")
+        mine.declare("r")
+        mine.claim("q")  # the state read once
+        reads = mine.metrics().state_reads
+        for _ in range(30):
+            mine.enqueue("q", b"mine")
+            [delivery] = mine.claim("q")
+            mine.ack(delivery)
+        time.sleep(QUIET_SECONDS)  # every report of those writes has come
+        assert mine.metrics().state_reads == reads
+        other.enqueue("r", b"other's")
+        # The report of it wakes the claim, which reads the state again to find the job.
+        [delivery] = mine.claim("r", timeout=REPORT_SECONDS)
+        assert delivery.payload == b"other's"
+        assert mine.metrics().state_reads > reads
