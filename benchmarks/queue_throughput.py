@@ -64,8 +64,9 @@ from jqueue import BrokerQueue, InMemoryStorage, LocalFileSystemStorage
 from jqueue.core import codec as jq_codec
 from jqueue.domain.models import Job as JqJob
 from jqueue.domain.models import QueueState as JqState
-from provenance import objq_revision
+from provenance import objq_build, objq_revision
 
+import objq_broker
 from objq_broker import AsyncQueue, Queue
 from objq_broker.builders import Delivery
 from objq_broker.engine.batch import EngineMetrics
@@ -391,8 +392,10 @@ def writes_per_1k(samples: list[Sample], objects: bool = True) -> float:
 
 
 def objq_revision_here() -> str:
-    """The objq source measured: git commit, and whether objq_broker/ has local changes."""
-    return objq_revision(Path(__file__).resolve().parent.parent) or "unknown revision"
+    """The checkout objq_broker was imported from (a compiled copy's or an installed wheel's
+    has none), and its build."""
+    source = Path(objq_broker.__file__ or "").resolve().parent.parent
+    return f"{objq_revision(source) or 'not a checkout'}; {objq_build()}"
 
 
 def load_average() -> str:
