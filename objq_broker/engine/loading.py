@@ -212,18 +212,18 @@ class StateCache:
         self._state_bytes = len(data)
         with self._reports_lock:
             self._writing = True
+        wrote = False
         try:
             version = write_if_unchanged(self.store, self.key, data, self._version)
-        except BaseException:
-            self._tell_held(wrote=False)
-            raise
-        if self._version is None:
-            self._guard.created()
-        self._guard.wrote(doc)
-        self.metrics.state_writes += 1
-        self._version = version
-        self._synced_at = time.monotonic()
-        self._tell_held(wrote=True)
+            if self._version is None:
+                self._guard.created()
+            self._guard.wrote(doc)
+            self.metrics.state_writes += 1
+            self._version = version
+            self._synced_at = time.monotonic()
+            wrote = True
+        finally:
+            self._tell_held(wrote=wrote)
 
     def forget_runs(self, keys: Iterable[str]) -> None:
         """Drop runs a landed commit consumed (they are being deleted)."""
