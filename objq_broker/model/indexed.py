@@ -319,11 +319,6 @@ class QueueIndex:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
-    def earliest_timed(self) -> float | None:
-        """The earliest time on any timed heap, superseded entries included (a bound)."""
-        times = [heap[0][0] for heap in self._timed.values() if heap]
-        return min(times) if times else None
-
     def pop_due(self, queue: str, now: float) -> list[Job]:
         """Take every timed job of ``queue`` whose ``visible_at`` has come."""
         heap = self._timed.get(queue)

@@ -174,11 +174,3 @@ def next_visible(state: QueueState, queue: str) -> float | None:
     head = state.index.next_visible(queue)
     times = [] if head is None else [head]
     return min([*times, *state.backlog.timed_starts(queue)], default=None)
-
-
-def next_wakeup(state: QueueState) -> float | None:
-    """The earliest ``visible_at`` among timed jobs (a lease to expire, a delay to end)."""
-    head = state.index.earliest_timed()
-    times = [] if head is None else [head]
-    times += state.backlog.timed_starts()
-    return min(times) if times else None

@@ -13,7 +13,9 @@ spoils the batch it came in.
 * :class:`~objq_broker.model.indexed.QueueIndex`: the live jobs and the heaps claims use;
 * :class:`~objq_broker.model.backlog.Backlog`: the backlog kept out of the head in runs.
 
-Its transitions are functions over it, a module per concern, each called by a method of its own:
+Its transitions are functions over it, a module per concern (the methods named after them call
+them; the staged writes and noted outcomes, which only their operations apply, are called by
+those directly):
 
 * :mod:`~objq_broker.model.lifecycle`: declaring, configuring, expiring and deleting queues;
 * :mod:`~objq_broker.model.producing`: enqueueing, staged writes and idempotency keys;
@@ -61,8 +63,6 @@ from objq_broker.model.values import (
     Finished,
     NewJob,
     QueueStats,
-    StagedBodies,
-    StagedRun,
     snapshot,
 )
 from objq_broker.model.workers import Worker
@@ -115,7 +115,8 @@ class QueueState:
 
     # The transitions, a module per concern, each function taking the state first. Methods
     # that call them rather than the functions assigned here: a compiled class (setup.py)
-    # does not bind a function assigned in its body as a method.
+    # does not bind a function assigned in its body as a method. Those only an operation
+    # applies (staged writes, noted outcomes) have none: the operation calls the function.
 
     def declare(
         self, queue: str, config: QueueConfig | None = None, now: float | None = None
@@ -148,38 +149,6 @@ class QueueState:
     def enqueue(self, new: Iterable[NewJob], now: float) -> list[Job]:
         return producing.enqueue(self, new, now)
 
-    def enqueue_staged(
-        self,
-        queue: str,
-        staged: list[StagedBodies],
-        ids: list[str],
-        now: float,
-        *,
-        write_id: str,
-        priority: int = 0,
-        delay_seconds: float = 0.0,
-        max_attempts: int | None = None,
-    ) -> int | None:
-        return producing.enqueue_staged(
-            self,
-            queue,
-            staged,
-            ids,
-            now,
-            write_id=write_id,
-            priority=priority,
-            delay_seconds=delay_seconds,
-            max_attempts=max_attempts,
-        )
-
-    def enqueue_runs(
-        self, queue: str, runs: list[StagedRun], now: float, *, write_id: str
-    ) -> int | None:
-        return producing.enqueue_runs(self, queue, runs, now, write_id=write_id)
-
-    def key_record(self, queue: str, key: str) -> KeyRecord | None:
-        return producing.key_record(self, queue, key)
-
     def claim(
         self,
         queue: str,
@@ -204,18 +173,6 @@ class QueueState:
         error: str | None = None,
     ) -> Job:
         return leases.ack(self, job_id, token, now, outcome, error)
-
-    def note_outcome(
-        self,
-        job_id: str,
-        queue: str,
-        token: str,
-        outcome: RunOutcome,
-        *,
-        error: str | None,
-        now: float,
-    ) -> None:
-        return leases.note_outcome(self, job_id, queue, token, outcome, error=error, now=now)
 
     def nack(
         self,
@@ -280,9 +237,6 @@ class QueueState:
 
     def next_visible(self, queue: str) -> float | None:
         return reading.next_visible(self, queue)
-
-    def next_wakeup(self) -> float | None:
-        return reading.next_wakeup(self)
 
     @property
     def jobs(self) -> dict[str, Job]:

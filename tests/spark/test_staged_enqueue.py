@@ -18,6 +18,7 @@ from objq_broker.engine import STATE_KEY
 from objq_broker.model.bodies import encode_bodies
 from objq_broker.model.encoding import decode_state
 from objq_broker.model.messages import celery_message, describe, dramatiq_message
+from objq_broker.model.producing import enqueue_staged
 from objq_broker.model.records import Job
 from objq_broker.model.runs import MAX_RUN_JOBS, build_run
 from objq_broker.model.state import QueueState
@@ -73,9 +74,9 @@ def test_refused_staged_enqueue_leaves_the_state_unchanged() -> None:
     state = QueueState()
     bad = [StagedBodies("staging/x/0.json", 2, priorities=(1,))]
     with pytest.raises(ConfigurationError, match="1 priorities"):
-        state.enqueue_staged("q", bad, ["i1", "i2"], 0.0, write_id="x")
+        enqueue_staged(state, "q", bad, ["i1", "i2"], 0.0, write_id="x")
     with pytest.raises(ConfigurationError, match="3 job ids"):
-        state.enqueue_staged("q", [StagedBodies("k", 2)], ["a", "b", "c"], 0.0, write_id="x")
+        enqueue_staged(state, "q", [StagedBodies("k", 2)], ["a", "b", "c"], 0.0, write_id="x")
     assert not state.dirty
     assert state.jobs == {}
     assert state.doc.bodies == {}
@@ -84,7 +85,7 @@ def test_refused_staged_enqueue_leaves_the_state_unchanged() -> None:
 def test_per_row_priorities_and_delays() -> None:
     state = QueueState()
     staged = [StagedBodies("k", 3, priorities=(5, 0, 1), delays=(0.0, 0.0, 60.0))]
-    state.enqueue_staged("q", staged, ["a", "b", "c"], 100.0, write_id="w")
+    enqueue_staged(state, "q", staged, ["a", "b", "c"], 100.0, write_id="w")
     claimed = state.claim("q", ["t1", "t2", "t3"], "me", 100.0)
     assert [job.id for job in claimed] == ["b", "a"]  # c waits its delay
     assert state.jobs["c"].visible_at == 160.0

@@ -8,6 +8,7 @@ from typing import Annotated, ClassVar, Literal
 from msgspec import Meta
 
 from objq_broker.errors import ConfigurationError, QueueNotFound
+from objq_broker.model import leases, producing
 from objq_broker.model.checks import (
     MAX_CLAIM,
     MAX_ITEMS,
@@ -83,7 +84,8 @@ class EnqueueStaged(Op[int | None], frozen=True):
     max_attempts: Attempts | None = None
 
     def apply(self, state: QueueState, now: float) -> int | None:
-        return state.enqueue_staged(
+        return producing.enqueue_staged(
+            state,
             self.queue,
             self.staged,
             self.ids,
@@ -109,7 +111,7 @@ class EnqueueRuns(Op[int | None], frozen=True):
     write_id: Identifier
 
     def apply(self, state: QueueState, now: float) -> int | None:
-        return state.enqueue_runs(self.queue, self.runs, now, write_id=self.write_id)
+        return producing.enqueue_runs(state, self.queue, self.runs, now, write_id=self.write_id)
 
     def replay(self, state: QueueState, now: float) -> int | None:
         return None  # as when the same write id is committed twice
@@ -227,8 +229,8 @@ class NoteOutcome(Op[None], frozen=True):
     error: ErrorText | None = None
 
     def apply(self, state: QueueState, now: float) -> None:
-        state.note_outcome(
-            self.job_id, self.queue, self.token, self.outcome, error=self.error, now=now
+        leases.note_outcome(
+            state, self.job_id, self.queue, self.token, self.outcome, error=self.error, now=now
         )
 
     def replay(self, state: QueueState, now: float) -> None:
