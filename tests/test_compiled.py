@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import subprocess
+import sys
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
@@ -35,3 +37,19 @@ def test_the_build_lists_modules_that_exist() -> None:
 def test_each_compiled_module_is_imported_as_its_extension(name: str) -> None:
     origin = importlib.import_module(name).__file__ or ""
     assert origin.endswith(tuple(EXTENSION_SUFFIXES)), f"{name} came from {origin}"
+
+
+@pytest.mark.skipif(
+    not os.environ.get("OBJQ_EXPECT_COMPILED"), reason="the tests run against the source"
+)
+def test_a_process_the_tests_start_imports_the_compiled_modules_too(tmp_path: Path) -> None:
+    # Workers, brokers and the command line run in processes of their own, started from
+    # elsewhere than the copy (here: a temporary folder) and often through a console script.
+    found = subprocess.run(
+        [sys.executable, "-c", "import objq_broker.model.state as m; print(m.__file__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert found.endswith(tuple(EXTENSION_SUFFIXES)), f"a started process imported {found}"
